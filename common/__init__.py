@@ -1,0 +1,1 @@
+"""What every variant shares: the config, masks, input checks, canonical weights."""

@@ -1,0 +1,63 @@
+"""The one configuration object every module of every variant is built from."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Hyper-parameters of the encoder–decoder Transformer; defaults are the paper's base model."""
+
+    d_model: int = 512  # D: width of every token vector between sublayers
+    n_heads: int = 8  # H: attention heads; d_model must split evenly into them
+    n_layers: int = 6  # N: layers in the encoder stack, and again in the decoder stack
+    d_ff: int = 2048  # inner width of the position-wise feed-forward network
+    dropout: float = 0.1  # P_drop on embeddings, attention weights, FFN hidden and sublayer outputs
+    src_vocab_size: int = 37000  # source token ids lie in [0, src_vocab_size)
+    tgt_vocab_size: int = 37000  # target token ids lie in [0, tgt_vocab_size); also the generator's width
+    max_seq_len: int = 512  # longest source or target sequence; sizes the sinusoid table
+    norm_eps: float = 1e-6  # added to the variance inside LayerNorm's square root
+    norm_first: bool = False  # False: post-norm, the paper; True: pre-norm, x + sublayer(norm(x))
+    pad_id: int = 0  # the padding token id, in both vocabularies
+
+    @property
+    def head_dim(self) -> int:
+        """Dh = d_k = d_v = d_model / n_heads (section 3.2.2)."""
+        return self.d_model // self.n_heads
+
+    def replace(self, **changes) -> TransformerConfig:
+        """A copy with some fields changed (and validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            expected = {"int": int, "float": (int, float), "bool": bool}[str(field.type)]
+            # bool is an int subclass: True must not pass for d_model, nor 1 for norm_first.
+            if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
+                raise TypeError(
+                    f"TransformerConfig.{field.name} must be {field.type}, "
+                    f"got {type(value).__name__} {value!r}"
+                )
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "src_vocab_size",
+                     "tgt_vocab_size", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"TransformerConfig.d_model ({self.d_model}) must be divisible by "
+                f"n_heads ({self.n_heads})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout}")
+        if not self.norm_eps > 0.0:
+            raise ValueError(f"TransformerConfig.norm_eps must be positive, got {self.norm_eps}")
+        smallest_vocab = min(self.src_vocab_size, self.tgt_vocab_size)
+        if not 0 <= self.pad_id < smallest_vocab:
+            raise ValueError(
+                f"TransformerConfig.pad_id ({self.pad_id}) must lie in [0, {smallest_vocab}), "
+                f"inside both vocabularies (src_vocab_size={self.src_vocab_size}, "
+                f"tgt_vocab_size={self.tgt_vocab_size})"
+            )

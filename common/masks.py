@@ -1,0 +1,33 @@
+"""Attention masks. Convention: bool, True = may attend, broadcastable to (B, H, T_query, T_key).
+
+``None`` means attend everywhere. Masked scores are *filled* (never added) with the dtype's
+most negative finite value, so a fully masked row is a uniform, finite softmax in every dtype
+and every from-scratch variant gives the same numbers there.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def padding_mask(ids: Tensor, pad_id: int) -> Tensor:
+    """(B, S) token ids -> (B, 1, 1, S): True at real tokens, False at padding keys."""
+    return (ids != pad_id)[:, None, None, :]
+
+
+def causal_mask(length: int, device: torch.device | str | None = None) -> Tensor:
+    """(1, 1, T, T) lower-triangular: query t may attend to keys 0..t."""
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
+
+
+def decoder_mask(tgt: Tensor, pad_id: int) -> Tensor:
+    """(B, T) target ids -> (B, 1, T, T): causal and not padding, the decoder self-attention mask."""
+    return padding_mask(tgt, pad_id) & causal_mask(tgt.shape[1], device=tgt.device)
+
+
+def mask_scores(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """Fill the scores a query may not attend to with the dtype's most negative finite value."""
+    if mask is None:
+        return scores
+    return scores.masked_fill(~mask, torch.finfo(scores.dtype).min)

@@ -1,0 +1,239 @@
+"""Canonical weights: one neutral set of names that every variant maps its parameters to.
+
+A variant declares ``weight_map`` on its model class: a dict from canonical name patterns to
+its own parameter names, in the style of the rename tables of Hugging Face conversion scripts::
+
+    weight_map = {
+        "src_embed.weight": "src_embed.embedding.weight",
+        "encoder.layers.{i}.self_attn.{proj}.{kind}": "encoder.layers.{i}.self_attn.{proj}.{kind}",
+        "encoder.layers.{i}.self_attn.wq.weight":
+            Param("encoder.layers.{i}.W_q", layout="h i d -> (h d) i"),
+    }
+
+``{field}`` matches one dotted segment of a canonical name and is substituted into the
+parameter name. ``Param.layout`` is an einops pattern from the variant's layout to the
+canonical one (``nn.Linear``'s ``(out, in)``); ``Param.chunk`` picks rows of a fused parameter
+such as ``nn.MultiheadAttention.in_proj_weight``. The inverse direction is derived from the
+same entry, so one line describes both export and import.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+
+# Fields that give the canonical weights their meaning: the same tensors under another
+# value of any of these would be another function (or not fit at all).
+WEIGHT_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "src_vocab_size", "tgt_vocab_size",
+                 "norm_first")
+
+_ATTENTION = ("wq", "wk", "wv", "wo")
+
+
+@dataclass(frozen=True)
+class Param:
+    """Where one canonical tensor lives inside a variant."""
+
+    name: str  # the variant's parameter name; may use the {fields} of the canonical pattern
+    layout: str | None = None  # einops "variant axes -> canonical axes"; None = same layout
+    chunk: tuple[int, int] | None = None  # (index, count): rows of a fused parameter, dim 0
+
+
+def canonical_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Every canonical name and its shape, in a fixed order (DESIGN.md, "Canonical weights")."""
+    d, f = config.d_model, config.d_ff
+    shapes: dict[str, tuple[int, ...]] = {
+        "src_embed.weight": (config.src_vocab_size, d),
+        "tgt_embed.weight": (config.tgt_vocab_size, d),
+    }
+
+    def attention(prefix: str) -> None:
+        for proj in _ATTENTION:
+            shapes[f"{prefix}.{proj}.weight"] = (d, d)
+            shapes[f"{prefix}.{proj}.bias"] = (d,)
+
+    def feed_forward(prefix: str) -> None:
+        shapes.update({f"{prefix}.w1.weight": (f, d), f"{prefix}.w1.bias": (f,),
+                       f"{prefix}.w2.weight": (d, f), f"{prefix}.w2.bias": (d,)})
+
+    def norms(prefix: str, count: int) -> None:
+        for n in range(1, count + 1):
+            shapes.update({f"{prefix}.norm{n}.weight": (d,), f"{prefix}.norm{n}.bias": (d,)})
+
+    for i in range(config.n_layers):
+        attention(f"encoder.layers.{i}.self_attn")
+        feed_forward(f"encoder.layers.{i}.ff")
+        norms(f"encoder.layers.{i}", 2)
+    shapes.update({"encoder.norm.weight": (d,), "encoder.norm.bias": (d,)})
+    for i in range(config.n_layers):
+        attention(f"decoder.layers.{i}.self_attn")
+        attention(f"decoder.layers.{i}.cross_attn")
+        feed_forward(f"decoder.layers.{i}.ff")
+        norms(f"decoder.layers.{i}", 3)
+    shapes.update({"decoder.norm.weight": (d,), "decoder.norm.bias": (d,)})
+    shapes.update({"generator.weight": (config.tgt_vocab_size, d),
+                   "generator.bias": (config.tgt_vocab_size,)})
+    return shapes
+
+
+def init_canonical(config: TransformerConfig, seed: int) -> dict[str, Tensor]:
+    """Seeded float32 weights in canonical form; ``variants.build(..., seed=)`` imports them.
+
+    Matrices are Xavier-uniform (as ``torch.nn.Transformer`` initialises itself), biases zero,
+    LayerNorm gain one and bias zero, and embeddings N(0, 1/d_model) so that after the
+    sqrt(d_model) scaling of section 3.4 a token vector has unit variance per feature.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, shape in canonical_shapes(config).items():
+        if name.endswith("_embed.weight"):
+            tensor = torch.randn(shape, generator=generator) * config.d_model**-0.5
+        elif ".norm" in name or name.startswith(("encoder.norm", "decoder.norm")):
+            tensor = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
+        elif len(shape) == 2:
+            bound = math.sqrt(6.0 / (shape[0] + shape[1]))
+            tensor = (torch.rand(shape, generator=generator) * 2 - 1) * bound
+        else:
+            tensor = torch.zeros(shape)
+        state[name] = tensor
+    return state
+
+
+def export_weights(model: nn.Module) -> dict[str, Tensor]:
+    """The model's weights under canonical names and layouts (detached copies)."""
+    params = dict(model.named_parameters())
+    return {name: _to_canonical(params[slot.name], slot).detach().clone()
+            for name, slot in _resolve(model).items()}
+
+
+def export_gradients(model: nn.Module) -> dict[str, Tensor]:
+    """The gradients of the model's weights under canonical names (after ``backward``)."""
+    params = dict(model.named_parameters())
+    missing = [name for name, param in params.items() if param.grad is None]
+    if missing:
+        raise ValueError(f"no gradient for {missing}; call backward() first")
+    return {name: _to_canonical(params[slot.name].grad, slot).clone()
+            for name, slot in _resolve(model).items()}
+
+
+def import_weights(
+    model: nn.Module, state: Mapping[str, Tensor], config: TransformerConfig | None = None
+) -> None:
+    """Load canonical weights into ``model``; all or nothing.
+
+    Raises ValueError naming every missing, unexpected, mis-shaped or non-finite key (and,
+    when ``config`` — the exporter's config — is given, every field of WEIGHT_FIELDS that
+    differs from the model's); the model is left unchanged.
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"state must be a mapping of canonical names to tensors, got {type(state)}")
+    expected = canonical_shapes(model.config)
+    problems = []
+    if config is not None:
+        problems += [f"config field {field}: weights have {getattr(config, field)!r}, "
+                     f"model has {getattr(model.config, field)!r}"
+                     for field in WEIGHT_FIELDS
+                     if getattr(config, field) != getattr(model.config, field)]
+    problems += [f"missing key {name}" for name in expected if name not in state]
+    problems += [f"unexpected key {name}" for name in state if name not in expected]
+    for name, tensor in state.items():
+        if name not in expected:
+            continue
+        if not isinstance(tensor, Tensor):
+            problems.append(f"key {name}: expected a tensor, got {type(tensor).__name__}")
+        elif tuple(tensor.shape) != expected[name]:
+            problems.append(f"key {name}: shape {tuple(tensor.shape)}, expected {expected[name]}")
+        elif not torch.isfinite(tensor).all():
+            problems.append(f"key {name}: holds NaN or inf")
+    if problems:
+        raise ValueError("cannot import weights:\n  " + "\n  ".join(problems))
+
+    params = dict(model.named_parameters())
+    new_values = {}  # parameter name -> its full new value, built before anything is written
+    for name, slot in _resolve(model).items():
+        param = params[slot.name]
+        value = new_values.setdefault(slot.name, param.detach().clone())
+        _from_canonical(state[name].to(param.device, param.dtype), slot, value)
+    with torch.no_grad():
+        for param_name, value in new_values.items():
+            params[param_name].copy_(value)
+
+
+def transfer(src_model: nn.Module, dst_model: nn.Module) -> None:
+    """Copy every weight of ``src_model`` into ``dst_model``, whatever their variants."""
+    import_weights(dst_model, export_weights(src_model), config=src_model.config)
+
+
+# --- the map machinery ---------------------------------------------------------------------
+
+
+def _resolve(model: nn.Module) -> dict[str, Param]:
+    """canonical name -> Param with a concrete parameter name, checked to cover the model."""
+    patterns = [(_compile(pattern), target if isinstance(target, Param) else Param(target))
+                for pattern, target in type(model).weight_map.items()]
+    params = dict(model.named_parameters())
+    resolved: dict[str, Param] = {}
+    chunks_used: dict[str, list] = {}  # parameter name -> the chunks of it that the map fills
+    for name in canonical_shapes(model.config):
+        hits = [(regex.fullmatch(name), slot) for regex, slot in patterns]
+        hits = [(match, slot) for match, slot in hits if match]
+        if len(hits) != 1:
+            raise LookupError(f"{type(model).__name__}.weight_map matches {name} {len(hits)} times")
+        match, slot = hits[0]
+        slot = Param(slot.name.format(**match.groupdict()), slot.layout, slot.chunk)
+        if slot.name not in params:
+            raise LookupError(f"weight_map sends {name} to {slot.name}, which the model lacks")
+        resolved[name] = slot
+        chunks_used.setdefault(slot.name, []).append(slot.chunk)
+    uncovered = [p for p in params if not _covers_once(chunks_used.get(p, []))]
+    if uncovered:
+        raise LookupError(f"weight_map covers these parameters not exactly once: {uncovered}")
+    return resolved
+
+
+def _covers_once(chunks: list[tuple[int, int] | None]) -> bool:
+    """Filled whole once, or every chunk of it once."""
+    if chunks == [None]:
+        return True
+    if not chunks or None in chunks:
+        return False
+    count = chunks[0][1]
+    return sorted(chunks) == [(k, count) for k in range(count)]
+
+
+def _compile(pattern: str) -> re.Pattern[str]:
+    parts = re.split(r"\{(\w+)\}", pattern)
+    # even positions are literal text, odd positions are field names
+    return re.compile("".join(re.escape(p) if k % 2 == 0 else f"(?P<{p}>[^.]+)"
+                              for k, p in enumerate(parts)))
+
+
+def _chunk_view(param: Tensor, slot: Param) -> Tensor:
+    if slot.chunk is None:
+        return param
+    index, count = slot.chunk
+    return param.chunk(count, dim=0)[index]
+
+
+def _to_canonical(param: Tensor, slot: Param) -> Tensor:
+    piece = _chunk_view(param, slot)
+    return piece if slot.layout is None else rearrange(piece, slot.layout)
+
+
+def _from_canonical(tensor: Tensor, slot: Param, value: Tensor) -> None:
+    """Write canonical ``tensor`` into ``value`` (the variant's full parameter) in place."""
+    piece = _chunk_view(value, slot)
+    if slot.layout is not None:
+        variant_axes, canonical_axes = slot.layout.split("->")
+        # The variant side names plain axes only, so its shape gives every axis length.
+        sizes = dict(zip(variant_axes.split(), piece.shape, strict=True))
+        tensor = rearrange(tensor, f"{canonical_axes} -> {variant_axes}", **sizes)
+    piece.copy_(tensor)

@@ -1,0 +1,98 @@
+"""Every variant computes the reference's function after a weight transfer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from common.weights import export_gradients
+from tests.conftest import FLOAT64_TOL, make_batch, reference_and, small_config
+from variants import VARIANTS, build
+
+LAYOUTS = [
+    pytest.param(dict(norm_first=False, n_layers=1), id="post-norm-1-layer"),
+    pytest.param(dict(norm_first=False, n_layers=3), id="post-norm-3-layers"),
+    pytest.param(dict(norm_first=True, n_layers=1), id="pre-norm-1-layer"),
+    pytest.param(dict(norm_first=True, n_layers=3), id="pre-norm-3-layers"),
+]
+SHAPES = [pytest.param((3, 7, 5), id="S>T"), pytest.param((2, 4, 9), id="S<T")]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_log_probs_match_reference(variant, layout, shape):
+    config = small_config(**layout)
+    reference, model = reference_and(variant, config)
+    src, tgt, src_mask, tgt_mask = make_batch(config, *shape)
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt, src_mask, tgt_mask),
+                                   reference(src, tgt, src_mask, tgt_mask))
+        reference.double(), model.double()
+        torch.testing.assert_close(model(src, tgt, src_mask, tgt_mask),
+                                   reference(src, tgt, src_mask, tgt_mask), **FLOAT64_TOL)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_encode_decode_project_match_reference(variant, norm_first):
+    """The three stages agree one by one, not only composed."""
+    config = small_config(norm_first=norm_first)
+    reference, model = reference_and(variant, config)
+    reference.double(), model.double()
+    src, tgt, src_mask, tgt_mask = make_batch(config)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        torch.testing.assert_close(memory, reference.encode(src, src_mask), **FLOAT64_TOL)
+        hidden = model.decode(tgt, memory, src_mask, tgt_mask)
+        torch.testing.assert_close(
+            hidden, reference.decode(tgt, memory, src_mask, tgt_mask), **FLOAT64_TOL)
+        torch.testing.assert_close(model.project(hidden), reference.project(hidden), **FLOAT64_TOL)
+
+
+def test_masks_are_optional(variant):
+    """``None`` attends everywhere, as in the reference."""
+    config = small_config()
+    reference, model = reference_and(variant, config)
+    reference.double(), model.double()
+    src, tgt, _, _ = make_batch(config)
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), reference(src, tgt), **FLOAT64_TOL)
+
+
+def nll(log_probs: torch.Tensor, tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Next-token NLL over real target positions (the target predicts itself shifted by one)."""
+    return F.nll_loss(log_probs[:, :-1].flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=pad_id)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_gradients_match_reference(variant, norm_first):
+    config = small_config(norm_first=norm_first, dropout=0.0)
+    reference, model = reference_and(variant, config)
+    src, tgt, src_mask, tgt_mask = make_batch(config)
+    grads = []
+    for m in (reference, model):
+        m.double().train()
+        nll(m(src, tgt, src_mask, tgt_mask), tgt, config.pad_id).backward()
+        grads.append(export_gradients(m))
+    expected, actual = grads
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], **FLOAT64_TOL, msg=name)
+    assert any(g.abs().sum() > 0 for g in actual.values())
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_same_seed_same_function(norm_first):
+    """``build(name, config, seed=0)`` gives every variant the same weights."""
+    config = small_config(norm_first=norm_first)
+    src, tgt, src_mask, tgt_mask = make_batch(config)
+    outputs = {}
+    for name in VARIANTS:
+        model = build(name, config, seed=0).eval().double()
+        with torch.no_grad():
+            outputs[name] = model(src, tgt, src_mask, tgt_mask)
+    for name in VARIANTS:
+        torch.testing.assert_close(outputs[name], outputs["torch"], **FLOAT64_TOL, msg=name)
+    other = build("torch", config, seed=1).eval().double()
+    with torch.no_grad():
+        assert not torch.allclose(other(src, tgt, src_mask, tgt_mask), outputs["torch"])

@@ -1,0 +1,285 @@
+"""The Transformer written out module by module, in the style of source 1.
+
+Every module takes the one ``TransformerConfig``; attention projects with ``nn.Linear`` and
+splits heads with ``.view``/``.transpose``; ``ResidualConnection`` holds the pre/post-norm toggle.
+
+Shape legend:
+    B  batch            S  source length     T  target length (or the query length)
+    H  heads            Dh head dim          D  model dim (d_model)
+    F  feed-forward dim V  vocabulary size
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from common import checks
+from common.config import TransformerConfig
+from common.masks import mask_scores
+from common.positions import sinusoid_table
+from common.weights import Param
+
+
+class InputEmbedding(nn.Module):
+    """Token ids -> vectors, scaled by sqrt(D) (section 3.4)."""
+
+    def __init__(self, config: TransformerConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, config.d_model)
+        self.scale = math.sqrt(config.d_model)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.embedding(ids) * self.scale  # (B, S, D)
+
+
+class PositionalEncoding(nn.Module):
+    """Adds the fixed sinusoids of section 3.5, then dropout."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        # float64, not saved with the weights; cast to the activations' dtype where added
+        self.register_buffer("pe", sinusoid_table(config.max_seq_len, config.d_model),
+                             persistent=False)  # (max_seq_len, D)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(x + self.pe[: x.shape[1]].to(x.dtype))  # (B, S, D)
+
+
+class LayerNormalization(nn.Module):
+    """alpha * (x - mean) / sqrt(var + eps) + bias over the last dim, with the biased variance."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.eps = config.norm_eps
+        self.alpha = nn.Parameter(torch.ones(config.d_model))  # (D,) learned gain
+        self.bias = nn.Parameter(torch.zeros(config.d_model))  # (D,) learned shift
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
+        var = x.var(dim=-1, keepdim=True, unbiased=False)  # (B, S, 1)
+        return self.alpha * (x - mean) / torch.sqrt(var + self.eps) + self.bias
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(config.d_model, config.d_ff)  # D -> F
+        self.linear2 = nn.Linear(config.d_ff, config.d_model)  # F -> D
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(torch.relu(self.linear1(x))))  # (B, S, D)
+
+
+class MultiHeadAttention(nn.Module):
+    """softmax(Q K^T / sqrt(Dh)) V in H heads, then W_o (section 3.2)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.d_model = config.d_model
+        self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
+        self.wq = nn.Linear(config.d_model, config.d_model)
+        self.wk = nn.Linear(config.d_model, config.d_model)
+        self.wv = nn.Linear(config.d_model, config.d_model)
+        self.wo = nn.Linear(config.d_model, config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    @staticmethod
+    def attention(
+        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: nn.Module
+    ) -> Tensor:
+        head_dim = q.shape[-1]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (B, H, T, S)
+        weights = mask_scores(scores, mask).softmax(dim=-1)  # (B, H, T, S)
+        return dropout(weights) @ v  # (B, H, T, Dh)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        batch, q_len, _ = q.shape
+        k_len = k.shape[1]
+        query = self.wq(q).view(batch, q_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        key = self.wk(k).view(batch, k_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        value = self.wv(v).view(batch, k_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        x = self.attention(query, key, value, mask, self.dropout)  # (B, H, T, Dh)
+        x = x.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, T, D)
+        return self.wo(x)  # (B, T, D)
+
+
+class ResidualConnection(nn.Module):
+    """One sublayer with its residual, dropout and LayerNorm (section 5.4).
+
+    post-norm (the paper):  norm(x + dropout(sublayer(x)))
+    pre-norm:               x + dropout(sublayer(norm(x)))
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.norm_first = config.norm_first
+        self.norm = LayerNormalization(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, sublayer: Callable[..., Tensor], *args: Tensor | None) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x), *args))
+        return self.norm(x + self.dropout(sublayer(x, *args)))
+
+
+class EncoderBlock(nn.Module):
+    """Self-attention, then feed-forward, each inside a residual connection."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.feed_forward = FeedForward(config)
+        self.self_attn_residual = ResidualConnection(config)
+        self.feed_forward_residual = ResidualConnection(config)
+
+    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+        x = self.self_attn_residual(x, self._self_attention, src_mask)
+        return self.feed_forward_residual(x, self.feed_forward)
+
+    def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        return self.self_attn(x, x, x, mask)  # Q = K = V = x
+
+
+class Encoder(nn.Module):
+    """N encoder blocks, then a final LayerNorm."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
+        self.norm = LayerNormalization(config)
+
+    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, src_mask)
+        return self.norm(x)  # (B, S, D)
+
+
+class DecoderBlock(nn.Module):
+    """Masked self-attention, cross-attention over the encoder output, feed-forward."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.cross_attn = MultiHeadAttention(config)
+        self.feed_forward = FeedForward(config)
+        self.self_attn_residual = ResidualConnection(config)
+        self.cross_attn_residual = ResidualConnection(config)
+        self.feed_forward_residual = ResidualConnection(config)
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+    ) -> Tensor:
+        x = self.self_attn_residual(x, self._self_attention, tgt_mask)
+        x = self.cross_attn_residual(x, self._cross_attention, memory, src_mask)
+        return self.feed_forward_residual(x, self.feed_forward)
+
+    def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        return self.self_attn(x, x, x, mask)  # Q = K = V = x
+
+    def _cross_attention(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
+        # Q from the decoder, K = V = the encoder output; pre-norm normalised only x
+        return self.cross_attn(x, memory, memory, mask)
+
+
+class Decoder(nn.Module):
+    """N decoder blocks, then a final LayerNorm."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderBlock(config) for _ in range(config.n_layers))
+        self.norm = LayerNormalization(config)
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+    ) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return self.norm(x)  # (B, T, D)
+
+
+class ProjectionLayer(nn.Module):
+    """Decoder output -> log-probabilities over the target vocabulary."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.linear = nn.Linear(config.d_model, config.tgt_vocab_size)  # D -> V
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.log_softmax(self.linear(x), dim=-1)  # (B, T, V)
+
+
+class Transformer(nn.Module):
+    """Embeddings, encoder, decoder and generator: encode -> decode -> project."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.src_embed = InputEmbedding(config, config.src_vocab_size)
+        self.tgt_embed = InputEmbedding(config, config.tgt_vocab_size)
+        self.src_pos = PositionalEncoding(config)
+        self.tgt_pos = PositionalEncoding(config)
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.projection = ProjectionLayer(config)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        checks.check_source(self, src, src_mask)
+        x = self.src_pos(self.src_embed(src))  # (B, S, D)
+        return self.encoder(x, src_mask)  # (B, S, D)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
+        x = self.tgt_pos(self.tgt_embed(tgt))  # (B, T, D)
+        return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
+
+    def project(self, hidden: Tensor) -> Tensor:
+        checks.check_hidden(self, hidden)
+        return self.projection(hidden)  # (B, T, V)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_same_batch(src, tgt)
+        memory = self.encode(src, src_mask)
+        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
+
+    # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's
+    weight_map: ClassVar[dict[str, str | Param]] = {
+        "src_embed.weight": "src_embed.embedding.weight",
+        "tgt_embed.weight": "tgt_embed.embedding.weight",
+        "{stack}.layers.{i}.self_attn.{proj}.{kind}": "{stack}.layers.{i}.self_attn.{proj}.{kind}",
+        "decoder.layers.{i}.cross_attn.{proj}.{kind}": "decoder.layers.{i}.cross_attn.{proj}.{kind}",
+        "{stack}.layers.{i}.ff.w1.{kind}": "{stack}.layers.{i}.feed_forward.linear1.{kind}",
+        "{stack}.layers.{i}.ff.w2.{kind}": "{stack}.layers.{i}.feed_forward.linear2.{kind}",
+        "{stack}.layers.{i}.norm1.weight": "{stack}.layers.{i}.self_attn_residual.norm.alpha",
+        "{stack}.layers.{i}.norm1.bias": "{stack}.layers.{i}.self_attn_residual.norm.bias",
+        "encoder.layers.{i}.norm2.weight": "encoder.layers.{i}.feed_forward_residual.norm.alpha",
+        "encoder.layers.{i}.norm2.bias": "encoder.layers.{i}.feed_forward_residual.norm.bias",
+        "decoder.layers.{i}.norm2.weight": "decoder.layers.{i}.cross_attn_residual.norm.alpha",
+        "decoder.layers.{i}.norm2.bias": "decoder.layers.{i}.cross_attn_residual.norm.bias",
+        "decoder.layers.{i}.norm3.weight": "decoder.layers.{i}.feed_forward_residual.norm.alpha",
+        "decoder.layers.{i}.norm3.bias": "decoder.layers.{i}.feed_forward_residual.norm.bias",
+        "{stack}.norm.weight": "{stack}.norm.alpha",
+        "{stack}.norm.bias": "{stack}.norm.bias",
+        "generator.{kind}": "projection.linear.{kind}",
+    }

@@ -1,0 +1,131 @@
+"""``torch.nn.Transformer`` in the paper's embeddings and generator: the reference row.
+
+It computes the one architecture with PyTorch's own layers, so the from-scratch variants are
+checked against code they share nothing with but the embeddings' sinusoid table.
+
+Mask convention: the suite's masks say True = *may attend* and broadcast to
+(B, H, T_query, T_key); ``nn.MultiheadAttention`` reads a bool mask as True = *blocked*, shaped
+(B*H, T_query, T_key). ``_to_torch_mask`` converts at this boundary and nowhere else. A fully
+masked row becomes NaN here (torch fills with -inf), where the from-scratch variants stay finite.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from common import checks
+from common.config import TransformerConfig
+from common.positions import sinusoid_table
+from common.weights import Param
+
+
+class Transformer(nn.Module):
+    """Embedding + sinusoids -> ``nn.Transformer`` (batch_first) -> Linear + log_softmax."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
+        self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
+        self.register_buffer("pe", sinusoid_table(config.max_seq_len, config.d_model),
+                             persistent=False)  # (max_seq_len, D) float64
+        self.dropout = nn.Dropout(config.dropout)
+        encoder_layer = nn.TransformerEncoderLayer(
+            config.d_model, config.n_heads, config.d_ff, config.dropout,
+            layer_norm_eps=config.norm_eps, batch_first=True, norm_first=config.norm_first,
+        )
+        # enable_nested_tensor=False: keep padded positions computed (not zeroed) in eval
+        encoder = nn.TransformerEncoder(
+            encoder_layer, config.n_layers, nn.LayerNorm(config.d_model, eps=config.norm_eps),
+            enable_nested_tensor=False,
+        )
+        self.transformer = nn.Transformer(
+            d_model=config.d_model,
+            nhead=config.n_heads,
+            num_decoder_layers=config.n_layers,
+            dim_feedforward=config.d_ff,
+            dropout=config.dropout,
+            custom_encoder=encoder,
+            layer_norm_eps=config.norm_eps,
+            batch_first=True,
+            norm_first=config.norm_first,
+        )
+        self.generator = nn.Linear(config.d_model, config.tgt_vocab_size)
+
+    def _embed(self, embedding: nn.Embedding, ids: Tensor) -> Tensor:
+        x = embedding(ids) * math.sqrt(self.config.d_model)
+        return self.dropout(x + self.pe[: ids.shape[1]].to(x.dtype))  # (B, L, D)
+
+    def _to_torch_mask(self, mask: Tensor | None, q_len: int, k_len: int) -> Tensor | None:
+        """(…, T_query, T_key) True = may attend -> (B*H, T_query, T_key) True = blocked."""
+        if mask is None:
+            return None
+        batch = mask.shape[0] if mask.ndim == 4 else 1
+        full = mask.expand(batch, self.config.n_heads, q_len, k_len)
+        return ~full.reshape(batch * self.config.n_heads, q_len, k_len)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        checks.check_source(self, src, src_mask)
+        mask = self._to_torch_mask(src_mask, src.shape[1], src.shape[1])
+        return self.transformer.encoder(self._embed(self.src_embed, src), mask=mask)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
+        tgt_len, src_len = tgt.shape[1], memory.shape[1]
+        return self.transformer.decoder(
+            self._embed(self.tgt_embed, tgt),
+            memory,
+            tgt_mask=self._to_torch_mask(tgt_mask, tgt_len, tgt_len),
+            memory_mask=self._to_torch_mask(src_mask, tgt_len, src_len),
+        )
+
+    def project(self, hidden: Tensor) -> Tensor:
+        checks.check_hidden(self, hidden)
+        return self.generator(hidden).log_softmax(dim=-1)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_same_batch(src, tgt)
+        memory = self.encode(src, src_mask)
+        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
+
+    # nn.MultiheadAttention fuses W_q, W_k, W_v in in_proj_{weight,bias}: rows [0:D], [D:2D], [2D:3D]
+    weight_map: ClassVar[dict[str, str | Param]] = {
+        "src_embed.weight": "src_embed.weight",
+        "tgt_embed.weight": "tgt_embed.weight",
+        "{stack}.layers.{i}.self_attn.wq.{kind}":
+            Param("transformer.{stack}.layers.{i}.self_attn.in_proj_{kind}", chunk=(0, 3)),
+        "{stack}.layers.{i}.self_attn.wk.{kind}":
+            Param("transformer.{stack}.layers.{i}.self_attn.in_proj_{kind}", chunk=(1, 3)),
+        "{stack}.layers.{i}.self_attn.wv.{kind}":
+            Param("transformer.{stack}.layers.{i}.self_attn.in_proj_{kind}", chunk=(2, 3)),
+        "decoder.layers.{i}.cross_attn.wq.{kind}":
+            Param("transformer.decoder.layers.{i}.multihead_attn.in_proj_{kind}", chunk=(0, 3)),
+        "decoder.layers.{i}.cross_attn.wk.{kind}":
+            Param("transformer.decoder.layers.{i}.multihead_attn.in_proj_{kind}", chunk=(1, 3)),
+        "decoder.layers.{i}.cross_attn.wv.{kind}":
+            Param("transformer.decoder.layers.{i}.multihead_attn.in_proj_{kind}", chunk=(2, 3)),
+        "{stack}.layers.{i}.self_attn.wo.{kind}":
+            "transformer.{stack}.layers.{i}.self_attn.out_proj.{kind}",
+        "decoder.layers.{i}.cross_attn.wo.{kind}":
+            "transformer.decoder.layers.{i}.multihead_attn.out_proj.{kind}",
+        "{stack}.layers.{i}.ff.w1.{kind}": "transformer.{stack}.layers.{i}.linear1.{kind}",
+        "{stack}.layers.{i}.ff.w2.{kind}": "transformer.{stack}.layers.{i}.linear2.{kind}",
+        "{stack}.layers.{i}.{norm}.{kind}": "transformer.{stack}.layers.{i}.{norm}.{kind}",
+        "{stack}.norm.{kind}": "transformer.{stack}.norm.{kind}",
+        "generator.{kind}": "generator.{kind}",
+    }
