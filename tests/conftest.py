@@ -1,65 +1,24 @@
-"""Shared fixtures: a small config, random canonical weights, padded batches, model pairs."""
+"""Fixtures shared by every test module."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from common.config import TransformerConfig
-from common.masks import decoder_mask, padding_mask
-from common.weights import canonical_shapes, import_weights, transfer
-from variants import VARIANTS, build
-
-FLOAT64_TOL = dict(atol=1e-10, rtol=0.0)
-
-
-def small_config(**changes) -> TransformerConfig:
-    """Small enough for a fast suite; vocabularies differ so a swapped table cannot fit."""
-    base = dict(d_model=32, n_heads=4, n_layers=2, d_ff=48, dropout=0.1, src_vocab_size=23,
-                tgt_vocab_size=19, max_seq_len=40)
-    return TransformerConfig(**{**base, **changes})
-
-
-def random_canonical(config: TransformerConfig, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Every canonical tensor random and distinct (norms and biases too), so a map that
-    swaps, transposes or drops any weight changes the output."""
-    generator = torch.Generator().manual_seed(seed)
-    state = {}
-    for name, shape in canonical_shapes(config).items():
-        tensor = torch.randn(shape, generator=generator)
-        if ".norm" in name and name.endswith(".weight"):
-            tensor = 1.0 + 0.3 * tensor
-        elif len(shape) == 2 and "embed" not in name:
-            tensor = tensor / shape[1] ** 0.5
-        else:
-            tensor = 0.3 * tensor
-        state[name] = tensor
-    return state
-
-
-def make_batch(config: TransformerConfig, batch: int = 3, src_len: int = 7, tgt_len: int = 5,
-               seed: int = 0):
-    """(src, tgt, src_mask, tgt_mask) with trailing padding in some rows; no row is all padding
-    and every target starts with a real token, so no attention row is fully masked."""
-    generator = torch.Generator().manual_seed(seed)
-    pad = config.pad_id
-    src = torch.randint(1, config.src_vocab_size, (batch, src_len), generator=generator)
-    tgt = torch.randint(1, config.tgt_vocab_size, (batch, tgt_len), generator=generator)
-    for row in range(1, batch):
-        src[row, src_len - row:] = pad  # row r has r padding tokens
-        tgt[row, max(1, tgt_len - row):] = pad
-    return src, tgt, padding_mask(src, pad), decoder_mask(tgt, pad)
-
-
-def reference_and(name: str, config: TransformerConfig, seed: int = 0):
-    """A ``torch`` reference model with random weights, and variant ``name`` holding the same."""
-    reference = build("torch", config)
-    import_weights(reference, random_canonical(config, seed))
-    model = build(name, config)
-    transfer(reference, model)
-    return reference.eval(), model.eval()
+from variants import VARIANTS
 
 
 @pytest.fixture(params=VARIANTS)
 def variant(request) -> str:
+    """Each registered variant in turn: a new variant joins every test that takes this fixture."""
     return request.param
+
+
+def pytest_collection_modifyitems(config, items):
+    """``gpu`` tests need CUDA; skip them (visibly) where there is none."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

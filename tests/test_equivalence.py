@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from common.weights import export_gradients
-from tests.conftest import FLOAT64_TOL, make_batch, reference_and, small_config
+from tests.helpers import FLOAT64_TOL, make_batch, reference_and, small_config
 from variants import VARIANTS, build
 
 LAYOUTS = [
