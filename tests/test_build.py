@@ -1,0 +1,62 @@
+"""The registry builds every variant by name, behind one interface."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.config import TransformerConfig
+from tests.helpers import small_config
+from variants import VARIANTS, build
+
+
+def test_registry_lists_the_reference_last():
+    assert VARIANTS[0] == "explicit" and VARIANTS[-1] == "torch"
+    assert len(set(VARIANTS)) == len(VARIANTS)
+
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown variant 'nope'") as error:
+        build("nope", small_config())
+    assert all(name in str(error.value) for name in VARIANTS)
+
+
+def test_config_must_be_a_transformer_config():
+    with pytest.raises(TypeError, match="TransformerConfig"):
+        build("explicit", {"d_model": 32})
+
+
+def test_interface_shapes(variant):
+    config = small_config()
+    model = build(variant, config, seed=0).eval()
+    assert model.config is config
+    src = torch.randint(1, config.src_vocab_size, (2, 6))
+    tgt = torch.randint(1, config.tgt_vocab_size, (2, 4))
+    with torch.no_grad():
+        memory = model.encode(src)
+        hidden = model.decode(tgt, memory)
+        log_probs = model.project(hidden)
+    assert memory.shape == (2, 6, config.d_model)
+    assert hidden.shape == (2, 4, config.d_model)
+    assert log_probs.shape == (2, 4, config.tgt_vocab_size)
+    torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(2, 4))
+
+
+def test_parameter_count_is_the_same_in_every_variant(variant):
+    config = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, src_vocab_size=50,
+                               tgt_vocab_size=40)
+    count = sum(p.numel() for p in build(variant, config).parameters())
+    reference = sum(p.numel() for p in build("torch", config).parameters())
+    assert count == reference
+
+
+def test_dropout_is_active_in_training_only(variant):
+    config = small_config(dropout=0.5)
+    model = build(variant, config, seed=0)
+    src = torch.randint(1, config.src_vocab_size, (2, 6))
+    tgt = torch.randint(1, config.tgt_vocab_size, (2, 4))
+    with torch.no_grad():
+        model.train()
+        assert not torch.equal(model(src, tgt), model(src, tgt))
+        model.eval()
+        assert torch.equal(model(src, tgt), model(src, tgt))

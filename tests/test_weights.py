@@ -1,0 +1,148 @@
+"""The canonical weight format: exact round trips, strict all-or-nothing import."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.weights import (
+    canonical_shapes,
+    export_weights,
+    import_weights,
+    init_canonical,
+    transfer,
+)
+from tests.helpers import make_batch, random_canonical, small_config
+from variants import build
+
+
+def assert_states_equal(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), name
+
+
+def test_export_lists_every_canonical_name_with_its_shape(variant):
+    config = small_config(n_layers=3)
+    state = export_weights(build(variant, config, seed=0))
+    assert {name: tuple(t.shape) for name, t in state.items()} == canonical_shapes(config)
+
+
+def test_export_then_import_is_bit_exact(variant):
+    config = small_config()
+    state = random_canonical(config)
+    model = build(variant, config)
+    import_weights(model, state)
+    assert_states_equal(export_weights(model), state)
+
+
+def test_round_trip_through_the_reference_is_bit_exact(variant):
+    config = small_config()
+    model = build(variant, config)
+    import_weights(model, random_canonical(config, seed=3))
+    before = export_weights(model)
+    reference, back = build("torch", config), build(variant, config)
+    transfer(model, reference)
+    transfer(reference, back)
+    assert_states_equal(export_weights(back), before)
+    params, back_params = dict(model.named_parameters()), dict(back.named_parameters())
+    assert params.keys() == back_params.keys()
+    assert all(torch.equal(params[name], back_params[name]) for name in params)
+
+
+def test_export_is_a_copy(variant):
+    model = build(variant, small_config(), seed=0)
+    state = export_weights(model)
+    state["generator.bias"].add_(1.0)
+    assert not torch.equal(export_weights(model)["generator.bias"], state["generator.bias"])
+
+
+def test_build_with_seed_imports_the_seeded_canonical_weights(variant):
+    config = small_config()
+    assert_states_equal(export_weights(build(variant, config, seed=7)), init_canonical(config, 7))
+    assert not torch.equal(init_canonical(config, 7)["src_embed.weight"],
+                           init_canonical(config, 8)["src_embed.weight"])
+
+
+def bad_state(config, fault: str) -> tuple[dict, list[str]]:
+    """A canonical state with one kind of fault, and the names the error must mention."""
+    state = random_canonical(config)
+    if fault == "missing":
+        del state["decoder.layers.1.cross_attn.wk.bias"], state["generator.weight"]
+        return state, ["decoder.layers.1.cross_attn.wk.bias", "generator.weight"]
+    if fault == "unexpected":
+        state["encoder.layers.9.ff.w1.weight"] = torch.zeros(3)
+        state["extra"] = torch.zeros(1)
+        return state, ["encoder.layers.9.ff.w1.weight", "extra"]
+    if fault == "mis-shaped":
+        state["encoder.layers.0.ff.w1.weight"] = state["encoder.layers.0.ff.w1.weight"].T
+        state["tgt_embed.weight"] = state["tgt_embed.weight"][:-1]
+        return state, ["encoder.layers.0.ff.w1.weight", "tgt_embed.weight"]
+    if fault == "non-finite":
+        state["encoder.norm.bias"][3] = float("nan")
+        state["decoder.layers.0.self_attn.wo.weight"][0, 0] = float("inf")
+        return state, ["encoder.norm.bias", "decoder.layers.0.self_attn.wo.weight"]
+    raise AssertionError(fault)
+
+
+@pytest.mark.parametrize("fault", ["missing", "unexpected", "mis-shaped", "non-finite"])
+def test_bad_state_raises_naming_each_key_and_changes_nothing(variant, fault):
+    config = small_config()
+    model = build(variant, config, seed=0)
+    before = export_weights(model)
+    state, offenders = bad_state(config, fault)
+    with pytest.raises(ValueError) as error:
+        import_weights(model, state)
+    for name in offenders:
+        assert name in str(error.value)
+    assert_states_equal(export_weights(model), before)
+
+
+def test_weights_of_another_config_raise_naming_each_field(variant):
+    """n_heads and norm_first leave every shape alone: only the config can catch them."""
+    config = small_config()
+    other = config.replace(n_heads=2, norm_first=True)
+    source = build("torch", other, seed=1)
+    model = build(variant, config, seed=0)
+    before = export_weights(model)
+    with pytest.raises(ValueError, match="n_heads") as error:
+        transfer(source, model)
+    assert "norm_first" in str(error.value)
+    assert_states_equal(export_weights(model), before)
+
+
+def test_weights_of_another_size_raise(variant):
+    model = build(variant, small_config(), seed=0)
+    with pytest.raises(ValueError, match="d_model"):
+        transfer(build("torch", small_config(d_model=16, n_heads=4), seed=0), model)
+
+
+def test_import_rejects_a_non_mapping(variant):
+    with pytest.raises(TypeError, match="mapping"):
+        import_weights(build(variant, small_config()), [("generator.bias", torch.zeros(19))])
+
+
+def test_saved_state_loads_with_weights_only_and_round_trips(variant, tmp_path):
+    config = small_config()
+    model = build(variant, config)
+    import_weights(model, random_canonical(config, seed=5))
+    path = tmp_path / "weights.pt"
+    torch.save(export_weights(model), path)
+    loaded = torch.load(path, weights_only=True)
+    fresh = build(variant, config)
+    import_weights(fresh, loaded)
+    assert_states_equal(export_weights(fresh), export_weights(model))
+    src, tgt, src_mask, tgt_mask = make_batch(config)
+    with torch.no_grad():
+        assert torch.equal(fresh.eval()(src, tgt, src_mask, tgt_mask),
+                           model.eval()(src, tgt, src_mask, tgt_mask))
+
+
+def test_import_casts_to_the_model_dtype(variant):
+    config = small_config()
+    model = build(variant, config).double()
+    state = random_canonical(config)
+    import_weights(model, state)
+    exported = export_weights(model)
+    assert all(t.dtype == torch.float64 for t in exported.values())
+    assert_states_equal({k: v.float() for k, v in exported.items()}, state)
