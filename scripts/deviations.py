@@ -1,0 +1,188 @@
+"""Measure what each source's departure from the one architecture does to the output.
+
+    python scripts/deviations.py            # Markdown table on stdout
+
+Each row starts from the same seeded model (the explicit variant, float64, eval) and applies one
+departure of a source text from DESIGN.md's architecture, then reports the largest
+|Δ log-prob| against the unchanged model on one fixed batch with source and target padding.
+Where a departure is a re-parametrisation it is applied as an exact edit of the canonical
+weights (e.g. scaling scores by sqrt(D) instead of sqrt(Dh) == scaling W_q by 1/sqrt(H)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+from common.masks import decoder_mask, padding_mask
+from common.weights import export_weights, import_weights
+from variants import build
+from variants.explicit import model as explicit
+
+CONFIG = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.1,
+                           src_vocab_size=100, tgt_vocab_size=100, max_seq_len=64)
+SEED = 0
+
+
+def batch(config: TransformerConfig, all_pad_row: bool = False):
+    generator = torch.Generator().manual_seed(SEED)
+    src = torch.randint(1, config.src_vocab_size, (4, 12), generator=generator)
+    tgt = torch.randint(1, config.tgt_vocab_size, (4, 10), generator=generator)
+    src[1, 8:], tgt[1, 7:], src[2, 10:] = config.pad_id, config.pad_id, config.pad_id
+    if all_pad_row:
+        src[3] = config.pad_id
+    return src, tgt, padding_mask(src, config.pad_id), decoder_mask(tgt, config.pad_id)
+
+
+def log_probs(model: nn.Module, dtype=torch.float64, all_pad_row: bool = False) -> Tensor:
+    with torch.no_grad():
+        return model.to(dtype)(*batch(model.config, all_pad_row)).double()
+
+
+def baseline(config: TransformerConfig = CONFIG) -> nn.Module:
+    return build("explicit", config, seed=SEED).eval().double()
+
+
+def edited(edit: Callable[[dict[str, Tensor]], None]) -> nn.Module:
+    """The baseline with its canonical weights edited in place by ``edit``."""
+    model = baseline()
+    state = export_weights(model)
+    edit(state)
+    import_weights(model, state)
+    return model
+
+
+class SourceOneLayerNorm(nn.Module):
+    """Source 1's formula: alpha * (x - mean) / (std + eps) + bias, with the unbiased std."""
+
+    def __init__(self, norm: nn.Module) -> None:
+        super().__init__()
+        self.alpha, self.bias, self.eps = norm.alpha, norm.bias, norm.eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        mean, std = x.mean(-1, keepdim=True), x.std(-1, keepdim=True)
+        return self.alpha * (x - mean) / (std + self.eps) + self.bias
+
+
+def replace_modules(model: nn.Module, kind: type, make: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    for name, module in list(model.named_modules()):
+        if isinstance(module, kind):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, make(module))
+    return model
+
+
+@contextlib.contextmanager
+def fill_with(value: float) -> Iterator[None]:
+    """Mask by filling with a fixed number, as the sources do, instead of finfo(dtype).min."""
+    original = explicit.mask_scores
+    explicit.mask_scores = lambda scores, mask: scores if mask is None else scores.masked_fill(~mask, value)
+    try:
+        yield
+    finally:
+        explicit.mask_scores = original
+
+
+def scale_rows(state: dict[str, Tensor], suffix: str, factor: float) -> None:
+    for name in state:
+        if name.endswith(suffix):
+            state[name] *= factor
+
+
+def max_delta(a: Tensor, b: Tensor) -> str:
+    if not torch.isfinite(a).all():
+        return f"NaN/inf in {int((~torch.isfinite(a)).any(-1).sum())} of {a.shape[0] * a.shape[1]} positions"
+    return f"{(a - b).abs().max().item():.3g}"
+
+
+def rows() -> list[tuple[str, str, str, str]]:
+    reference = log_probs(baseline())
+    config = CONFIG
+    out = []
+
+    def add(source: str, departure: str, suite: str, result: str) -> None:
+        out.append((source, departure, suite, result))
+
+    # --- source 1 (explicit) -----------------------------------------------------------------
+    model = replace_modules(baseline(), explicit.LayerNormalization, SourceOneLayerNorm)
+    add("1 explicit", "LayerNorm divides by the unbiased std + eps (eps outside the root)",
+        "biased variance, eps inside the root", max_delta(log_probs(model), reference))
+    pre = baseline(config.replace(norm_first=True))
+    import_weights(pre, export_weights(baseline()), config=None)
+    add("1 explicit", "text describes pre-norm, code is post-norm",
+        "post-norm by default, pre-norm with `norm_first=True`; same weights, the other mode:",
+        max_delta(log_probs(pre), reference))
+    with fill_with(float("-inf")):
+        result = max_delta(log_probs(baseline(), all_pad_row=True), reference)
+    add("1 explicit", "masked scores filled with -inf", "filled with finfo(dtype).min",
+        f"0 where a row has a real key; with an all-padding source: {result}")
+    add("1 explicit", "one `vocabsize` for source and target", "`src_vocab_size`, `tgt_vocab_size`",
+        "n/a (shapes)")
+
+    # --- source 2 (einsum) -------------------------------------------------------------------
+    heads = config.n_heads
+    add("2 einsum", "scores scaled by sqrt(embed_size) = sqrt(D), not sqrt(Dh)", "sqrt(Dh)",
+        max_delta(log_probs(edited(lambda s: (scale_rows(s, "wq.weight", heads**-0.5),
+                                              scale_rows(s, "wq.bias", heads**-0.5)))), reference))
+    unscaled = edited(lambda s: (scale_rows(s, "src_embed.weight", config.d_model**-0.5),
+                                 scale_rows(s, "tgt_embed.weight", config.d_model**-0.5)))
+    add("2 einsum", "embeddings not scaled by sqrt(D)", "scaled by sqrt(D)",
+        max_delta(log_probs(unscaled), reference))
+    learned = baseline()
+    generator = torch.Generator().manual_seed(SEED)
+    for module in (learned.src_pos, learned.tgt_pos):
+        module.pe = torch.randn(module.pe.shape, generator=generator, dtype=torch.float64)
+    add("2 einsum", "learned positions (nn.Embedding, N(0, 1) at init)", "fixed sinusoids",
+        max_delta(log_probs(learned), reference))
+    for norm_first in (False, True):
+        with_norms = baseline(config.replace(norm_first=norm_first))
+        no_final = baseline(config.replace(norm_first=norm_first))
+        no_final.encoder.norm, no_final.decoder.norm = nn.Identity(), nn.Identity()
+        mode = "pre-norm" if norm_first else "post-norm (the last sublayer already normalised)"
+        add("2 einsum", "no final LayerNorm after either stack", "final norms, as nn.Transformer",
+            f"{mode}: {max_delta(log_probs(no_final), log_probs(with_norms))}")
+    add("2 einsum", "dropout after the norm: dropout(norm(x + sublayer))",
+        "norm(x + dropout(sublayer))", "0 in eval (dropout is the identity); differs in training")
+    shared = 3 * config.head_dim**2
+    full = 3 * (config.d_model**2 + config.d_model)
+    add("2 einsum", "one (Dh x Dh) Q/K/V projection shared by all heads, no bias",
+        "full (D x D) projections with bias",
+        f"another function class: {shared} Q/K/V weights per layer instead of {full}")
+    finite_fill = log_probs(baseline(), all_pad_row=True)
+    with fill_with(-1e20):
+        same = max_delta(log_probs(baseline(), all_pad_row=True), finite_fill)
+        try:
+            half = max_delta(log_probs(baseline(), torch.float16, all_pad_row=True), reference)
+        except RuntimeError as error:  # masked_fill refuses a value the dtype cannot hold
+            half = f"RuntimeError: {str(error).splitlines()[0]}"
+    add("2 einsum", "masked scores filled with -1e20", "filled with finfo(dtype).min",
+        f"float64, with an all-padding source: {same}; float16: {half}")
+
+    # --- source 3 (mathfirst) ----------------------------------------------------------------
+    table32 = baseline()
+    for module in (table32.src_pos, table32.tgt_pos):
+        module.pe = module.pe.float().double()
+    add("3 mathfirst", "sinusoid table built in float32", "built in float64, cast where added",
+        max_delta(log_probs(table32), reference))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    torch.use_deterministic_algorithms(True)
+    print(f"config: {CONFIG}, seed {SEED}, float64, eval; max |Δ log-prob| vs the one architecture\n")
+    print("| source | departure | this suite | max abs Δ log-prob |")
+    print("|---|---|---|---|")
+    for row in rows():
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
