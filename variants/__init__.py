@@ -18,6 +18,7 @@ from common.weights import import_weights, init_canonical
 # name -> module holding that variant's ``Transformer``; the reference row comes last
 _MODULES = {
     "explicit": "variants.explicit",
+    "einsum": "variants.einsum",
     "torch": "variants.reference",
 }
 VARIANTS: tuple[str, ...] = tuple(_MODULES)

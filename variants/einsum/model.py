@@ -1,0 +1,108 @@
+"""The whole Transformer of source 2: an Encoder and a Decoder, plus the masks they read.
+
+Composition, bottom up (one class per module, each built only from the one beneath)::
+
+    SelfAttention
+        └── TransformerBlock ──────────────┐
+                ├── Encoder                │
+                └── DecoderBlock ──────────┤
+                        └── Decoder        │
+                                └── Transformer
+
+Shape legend:
+    B  batch            S  source length      T  target length
+    H  heads            Dh head dim           D  model dim (d_model)
+    V  target vocabulary size
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import Tensor, nn
+
+from common import checks
+from common.config import TransformerConfig
+from common.masks import decoder_mask, padding_mask
+from common.weights import Param
+from variants.einsum.decoder import Decoder
+from variants.einsum.encoder import Encoder
+
+
+class Transformer(nn.Module):
+    """Encoder and decoder: encode -> decode -> project."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+
+    def make_src_mask(self, src: Tensor) -> Tensor:
+        """(B, S) source ids -> (B, 1, 1, S): True at real tokens."""
+        return padding_mask(src, self.config.pad_id)
+
+    def make_trg_mask(self, trg: Tensor) -> Tensor:
+        """(B, T) target ids -> (B, 1, T, T): causal, and blind to target padding."""
+        return decoder_mask(trg, self.config.pad_id)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        checks.check_source(self, src, src_mask)
+        return self.encoder(src, src_mask)  # (B, S, D)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
+        return self.decoder(tgt, memory, src_mask, tgt_mask)  # (B, T, D)
+
+    def project(self, hidden: Tensor) -> Tensor:
+        checks.check_hidden(self, hidden)
+        return self.decoder.generate(hidden)  # (B, T, V)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_same_batch(src, tgt)
+        memory = self.encode(src, src_mask)
+        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
+
+    # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's.
+    # The decoder's cross-attention, feed-forward, norm2 and norm3 live in its TransformerBlock,
+    # whose norm1/norm2 follow its attention and feed-forward.
+    weight_map: ClassVar[dict[str, str | Param]] = {
+        "src_embed.weight": "encoder.word_embedding.weight",
+        "tgt_embed.weight": "decoder.word_embedding.weight",
+        "{stack}.layers.{i}.self_attn.wq.{kind}": "{stack}.layers.{i}.attention.queries.{kind}",
+        "{stack}.layers.{i}.self_attn.wk.{kind}": "{stack}.layers.{i}.attention.keys.{kind}",
+        "{stack}.layers.{i}.self_attn.wv.{kind}": "{stack}.layers.{i}.attention.values.{kind}",
+        "{stack}.layers.{i}.self_attn.wo.{kind}": "{stack}.layers.{i}.attention.fc_out.{kind}",
+        "decoder.layers.{i}.cross_attn.wq.{kind}":
+            "decoder.layers.{i}.transformer_block.attention.queries.{kind}",
+        "decoder.layers.{i}.cross_attn.wk.{kind}":
+            "decoder.layers.{i}.transformer_block.attention.keys.{kind}",
+        "decoder.layers.{i}.cross_attn.wv.{kind}":
+            "decoder.layers.{i}.transformer_block.attention.values.{kind}",
+        "decoder.layers.{i}.cross_attn.wo.{kind}":
+            "decoder.layers.{i}.transformer_block.attention.fc_out.{kind}",
+        "encoder.layers.{i}.ff.w1.{kind}": "encoder.layers.{i}.feed_forward.linear1.{kind}",
+        "encoder.layers.{i}.ff.w2.{kind}": "encoder.layers.{i}.feed_forward.linear2.{kind}",
+        "decoder.layers.{i}.ff.w1.{kind}":
+            "decoder.layers.{i}.transformer_block.feed_forward.linear1.{kind}",
+        "decoder.layers.{i}.ff.w2.{kind}":
+            "decoder.layers.{i}.transformer_block.feed_forward.linear2.{kind}",
+        "encoder.layers.{i}.{norm}.{kind}": "encoder.layers.{i}.{norm}.{kind}",
+        "decoder.layers.{i}.norm1.{kind}": "decoder.layers.{i}.norm.{kind}",
+        "decoder.layers.{i}.norm2.{kind}": "decoder.layers.{i}.transformer_block.norm1.{kind}",
+        "decoder.layers.{i}.norm3.{kind}": "decoder.layers.{i}.transformer_block.norm2.{kind}",
+        "{stack}.norm.{kind}": "{stack}.norm.{kind}",
+        "generator.{kind}": "decoder.fc_out.{kind}",
+    }
