@@ -1,4 +1,4 @@
-"""Input checks shared by every variant's encode/decode/project, run before any tensor work.
+"""Input checks shared by every variant's encode/decode/project/forward, run before any tensor work.
 
 Each check raises TypeError (wrong kind of thing) or ValueError (wrong shape, range or
 device) with a message that names the argument, what it got and what was expected, so bad
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+# nn.Embedding (and advanced indexing, which reads uint8 as a boolean mask) take these only
+ID_DTYPES = (torch.int64, torch.int32)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -34,7 +37,7 @@ def check_target(
     """The arguments of ``decode``: (B, T) target ids, (B, S, D) encoder output, two masks."""
     config, device = model.config, model_device(model)
     _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
-    batch, tgt_len = tgt.shape
+    batch = tgt.shape[0]
     _check_tensor("memory", memory, device)
     if not memory.is_floating_point():
         raise TypeError(f"memory must be a floating-point tensor, got dtype {memory.dtype}")
@@ -43,15 +46,40 @@ def check_target(
             f"memory must have shape (B={batch}, S, d_model={config.d_model}) to match tgt, "
             f"got {tuple(memory.shape)}"
         )
-    src_len = memory.shape[1]
-    _check_mask("tgt_mask", tgt_mask, (batch, config.n_heads, tgt_len, tgt_len), device)
-    _check_mask("src_mask", src_mask, (batch, config.n_heads, tgt_len, src_len), device)
+    if memory.shape[1] == 0:
+        raise ValueError(f"memory is empty: shape {tuple(memory.shape)}; need S >= 1")
+    _check_decoder_masks(model, tgt, memory.shape[1], src_mask, tgt_mask, device)
+
+
+def check_forward(
+    model: nn.Module,
+    src: Tensor,
+    tgt: Tensor,
+    src_mask: Tensor | None,
+    tgt_mask: Tensor | None,
+) -> None:
+    """The arguments of ``forward``, all of them before the encoder runs.
+
+    ``encode`` and ``decode`` check their own arguments again; this check exists so that a bad
+    ``tgt`` or ``tgt_mask`` is reported before the encoder has done any work.
+    """
+    config, device = model.config, model_device(model)
+    check_same_batch(src, tgt)
+    check_source(model, src, src_mask)
+    _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
+    _check_decoder_masks(model, tgt, src.shape[1], src_mask, tgt_mask, device)
 
 
 def check_same_batch(src: Tensor, tgt: Tensor) -> None:
-    """``forward`` pairs sources with targets one to one."""
-    tensors = isinstance(src, Tensor) and isinstance(tgt, Tensor) and src.ndim and tgt.ndim
-    if tensors and src.shape[0] != tgt.shape[0]:
+    """``forward`` pairs sources with targets one to one.
+
+    Needs no model, so it also checks what it can of both id tensors (kind, dtype, rank,
+    emptiness) before comparing their batch sizes; ``check_source`` and ``check_target`` add
+    the device, range and length checks.
+    """
+    _check_id_kind("src", src)
+    _check_id_kind("tgt", tgt)
+    if src.shape[0] != tgt.shape[0]:
         raise ValueError(
             f"src and tgt must have the same batch size, got {src.shape[0]} and {tgt.shape[0]}"
         )
@@ -78,24 +106,52 @@ def _check_tensor(name: str, value: object, device: torch.device) -> None:
         )
 
 
+def _check_id_kind(name: str, ids: object) -> None:
+    """Everything about an id tensor that needs no model: type, dtype, rank, emptiness."""
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+    if ids.dtype not in ID_DTYPES:
+        raise TypeError(
+            f"{name} must be an integer tensor of token ids (torch.int64 or torch.int32), "
+            f"got dtype {ids.dtype}"
+        )
+    if ids.ndim != 2:
+        raise ValueError(f"{name} must have shape (B, length), got {tuple(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(ids.shape)}; need B >= 1 and length >= 1")
+
+
 def _check_ids(
     name: str, ids: object, vocab_size: int, vocab_field: str, max_len: int, device: torch.device
 ) -> None:
     _check_tensor(name, ids, device)
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be an integer tensor of token ids, got dtype {ids.dtype}")
-    if ids.ndim != 2:
-        raise ValueError(f"{name} must have shape (B, length), got {tuple(ids.shape)}")
-    batch, length = ids.shape
-    if batch == 0 or length == 0:
-        raise ValueError(f"{name} is empty: shape {tuple(ids.shape)}; need B >= 1 and length >= 1")
+    _check_id_kind(name, ids)
+    length = ids.shape[1]
     if length > max_len:
         raise ValueError(f"{name} length {length} exceeds max_seq_len {max_len}")
+    if ids.device.type == "meta":
+        return  # shape-only run: there are no values to range-check
+    # One host sync; on CUDA it turns a device-side assert in the embedding into this error.
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0 or high >= vocab_size:
         raise ValueError(
-            f"{name} ids must lie in [0, {vocab_size}) ({vocab_field}), got min {low}, max {high}"
+            f"{name} ids must lie in [0, {vocab_size}) ({vocab_field}={vocab_size}), "
+            f"got min {low}, max {high}"
         )
+
+
+def _check_decoder_masks(
+    model: nn.Module,
+    tgt: Tensor,
+    src_len: int,
+    src_mask: Tensor | None,
+    tgt_mask: Tensor | None,
+    device: torch.device,
+) -> None:
+    batch, tgt_len = tgt.shape
+    heads = model.config.n_heads
+    _check_mask("tgt_mask", tgt_mask, (batch, heads, tgt_len, tgt_len), device)
+    _check_mask("src_mask", src_mask, (batch, heads, tgt_len, src_len), device)
 
 
 def _check_mask(
