@@ -19,6 +19,7 @@ from common.weights import import_weights, init_canonical
 _MODULES = {
     "explicit": "variants.explicit",
     "einsum": "variants.einsum",
+    "mathfirst": "variants.mathfirst",
     "torch": "variants.reference",
 }
 VARIANTS: tuple[str, ...] = tuple(_MODULES)

@@ -1,0 +1,185 @@
+"""The Transformer's components, each written from its equation in the paper, in its notation.
+
+Parameters carry the paper's names and layouts and are applied as ``x @ W + b``: per-head
+projections ``W_q, W_k, W_v`` of shape (H, D, Dh), the output projection ``W_o`` (H, Dh, D),
+the feed-forward ``W_1`` (D, F) and ``W_2`` (F, D), LayerNorm's gain and bias ``gamma, beta``
+and the embedding table ``E``. ``einops.einsum`` names the axes, so each contraction reads as
+the sum it stands for. Every component is verified on its own in
+``tests/test_mathfirst_components.py`` before ``model.py`` assembles them.
+
+Shape legend:
+    B  batch            S  source length (or key length)   T  target length (or query length)
+    H  heads            Dh head dim (d_k = d_v)           D  model dim (d_model)
+    F  feed-forward dim V  vocabulary size                 L  max_seq_len
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+from common.masks import mask_scores
+
+
+def xavier_uniform(*shape: int, fan_in: int, fan_out: int) -> nn.Parameter:
+    """Xavier-uniform, with the fans of the whole matrix (not of one head's slice)."""
+    bound = math.sqrt(6.0 / (fan_in + fan_out))
+    return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+
+
+class TokenEmbedding(nn.Module):
+    """Embedding(x) = E[x] · √d_model   (section 3.4).
+
+    E is the learned (V, D) table; the √d_model scale keeps the embedding's magnitude
+    comparable to the positional encoding added next.
+    """
+
+    def __init__(self, config: TransformerConfig, vocab_size: int) -> None:
+        super().__init__()
+        self.E = nn.Parameter(torch.randn(vocab_size, config.d_model) * config.d_model**-0.5)  # (V, D)
+        self.scale = math.sqrt(config.d_model)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.E[ids] * self.scale  # (B, S, D)
+
+
+def positional_encoding_table(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
+    (section 3.5); (L, D) in float64.
+
+    The frequencies 1 / 10000^(2i/d_model) are computed as exp(2i · (−ln 10000 / d_model)).
+    An odd d_model has one more sine column than cosine columns.
+    """
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
+    div_term = torch.exp(two_i * (-math.log(10000.0) / d_model))  # (ceil(D/2),)
+    angle = pos * div_term  # (L, ceil(D/2))
+    pe = torch.empty(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe  # (L, D)
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """x + PE[:S], then dropout   (sections 3.5 and 5.4).
+
+    The table is a float64 buffer that is not saved with the weights, cast to the
+    activations' dtype where it is added, so float64 runs are exact.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.register_buffer("pe", positional_encoding_table(config.max_seq_len, config.d_model),
+                             persistent=False)  # (L, D) float64
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(x + self.pe[: x.shape[1]].to(x.dtype))  # (B, S, D)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm(x) = γ ⊙ (x − μ) / √(σ² + ε) + β   (section 3.1; Ba et al., 2016).
+
+    μ and σ² are the mean and the biased variance of each position's D features.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.eps = config.norm_eps
+        self.gamma = nn.Parameter(torch.ones(config.d_model))  # (D,)
+        self.beta = nn.Parameter(torch.zeros(config.d_model))  # (D,)
+
+    def forward(self, x: Tensor) -> Tensor:
+        mu = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
+        sigma2 = x.var(dim=-1, keepdim=True, unbiased=False)  # (B, S, 1)
+        return self.gamma * (x - mu) / torch.sqrt(sigma2 + self.eps) + self.beta  # (B, S, D)
+
+
+def attention_weights(Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / √d_k) with masked keys filled before the softmax   (section 3.2.1).
+
+    Q (..., T, Dh) and K (..., S, Dh) give (..., T, S): each row sums to 1 and gives
+    exactly 0 to a masked key (a fully masked row is uniform, see common.masks).
+    """
+    d_k = Q.shape[-1]
+    scores = einsum(Q, K, "... t k, ... s k -> ... t s") / math.sqrt(d_k)  # (B, H, T, S)
+    return mask_scores(scores, mask).softmax(dim=-1)  # (B, H, T, S)
+
+
+def scaled_dot_product_attention(
+    Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> Tensor:
+    """Attention(Q, K, V) = softmax(Q K^T / √d_k) V   (section 3.2.1, eq. 1).
+
+    ``mask`` is bool, True = may attend, broadcastable to (..., T, S); ``dropout_p`` drops
+    attention weights (section 5.4), as in ``torch.nn.functional.scaled_dot_product_attention``.
+    """
+    A = F.dropout(attention_weights(Q, K, mask), p=dropout_p)  # (B, H, T, S)
+    return A @ V  # (B, H, T, Dh)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, …, head_H) W_o + b_o,
+    head_h = Attention(Q W_q^h + b_q^h, K W_k^h + b_k^h, V W_v^h + b_v^h)   (section 3.2.2).
+
+    Concat(heads) W_o is written as the sum over heads of head_h W_o^h, with W_o stored as
+    (H, Dh, D): the same product without building the concatenation.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        H, D, Dh = config.n_heads, config.d_model, config.head_dim
+        self.dropout_p = config.dropout
+        self.W_q = xavier_uniform(H, D, Dh, fan_in=D, fan_out=D)  # (H, D, Dh)
+        self.W_k = xavier_uniform(H, D, Dh, fan_in=D, fan_out=D)  # (H, D, Dh)
+        self.W_v = xavier_uniform(H, D, Dh, fan_in=D, fan_out=D)  # (H, D, Dh)
+        self.W_o = xavier_uniform(H, Dh, D, fan_in=D, fan_out=D)  # (H, Dh, D)
+        self.b_q = nn.Parameter(torch.zeros(H, Dh))  # (H, Dh)
+        self.b_k = nn.Parameter(torch.zeros(H, Dh))  # (H, Dh)
+        self.b_v = nn.Parameter(torch.zeros(H, Dh))  # (H, Dh)
+        self.b_o = nn.Parameter(torch.zeros(D))  # (D,)
+
+    def forward(self, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
+        dropout_p = self.dropout_p if self.training else 0.0
+        heads = scaled_dot_product_attention(
+            _per_head(Q, self.W_q, self.b_q),  # (B, H, T, Dh)
+            _per_head(K, self.W_k, self.b_k),  # (B, H, S, Dh)
+            _per_head(V, self.W_v, self.b_v),  # (B, H, S, Dh)
+            mask,
+            dropout_p,
+        )  # (B, H, T, Dh)
+        return einsum(heads, self.W_o, "b h t k, h k d -> b t d") + self.b_o  # (B, T, D)
+
+    def attention_map(self, Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
+        """Every head's softmax(Q W_q^h (K W_k^h)^T / √d_k): (B, H, T, S), what the heads look at."""
+        return attention_weights(_per_head(Q, self.W_q, self.b_q), _per_head(K, self.W_k, self.b_k), mask)
+
+
+def _per_head(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
+    """x W^h + b^h for every head h at once: (B, T, D) -> (B, H, T, Dh)."""
+    return einsum(x, W, "b t d, h d k -> b h t k") + rearrange(b, "h k -> h 1 k")  # (B, H, T, Dh)
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2   (section 3.3, eq. 2), with dropout before W_2.
+
+    The same two matrices act on every position separately.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        D, d_ff = config.d_model, config.d_ff
+        self.W_1 = xavier_uniform(D, d_ff, fan_in=D, fan_out=d_ff)  # (D, F)
+        self.b_1 = nn.Parameter(torch.zeros(d_ff))  # (F,)
+        self.W_2 = xavier_uniform(d_ff, D, fan_in=d_ff, fan_out=D)  # (F, D)
+        self.b_2 = nn.Parameter(torch.zeros(D))  # (D,)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = torch.relu(x @ self.W_1 + self.b_1)  # (B, S, F)
+        return self.dropout(hidden) @ self.W_2 + self.b_2  # (B, S, D)

@@ -1,0 +1,213 @@
+"""The encoder-decoder Transformer assembled from the verified components of ``components.py``.
+
+Each layer's forward reads like Figure 1 of the paper: a sublayer inside "Add & Norm",
+repeated. ``weight_map`` states, next to each canonical name, the einops rearrangement
+between the paper's layout used here (``x @ W``) and ``nn.Linear``'s (out, in).
+
+Shape legend:
+    B  batch            S  source length     T  target length
+    H  heads            Dh head dim          D  model dim (d_model)
+    F  feed-forward dim V  vocabulary size
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from common import checks
+from common.config import TransformerConfig
+from common.weights import Param
+from variants.mathfirst.components import (
+    LayerNorm,
+    MultiHeadAttention,
+    PositionwiseFeedForward,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+    xavier_uniform,
+)
+
+
+class AddNorm(nn.Module):
+    """Add & Norm around one sublayer   (sections 3.1 and 5.4).
+
+    post-norm (the paper):  LayerNorm(x + Dropout(Sublayer(x)))
+    pre-norm:               x + Dropout(Sublayer(LayerNorm(x)))
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.norm_first = config.norm_first
+        self.norm = LayerNorm(config)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))  # (B, S, D)
+        return self.norm(x + self.dropout(sublayer(x)))  # (B, S, D)
+
+
+class EncoderLayer(nn.Module):
+    """x ← AddNorm(x, SelfAttention(x, x, x)),  x ← AddNorm(x, FFN(x))   (section 3.1)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.self_attn_add_norm = AddNorm(config)
+        self.feed_forward = PositionwiseFeedForward(config)
+        self.feed_forward_add_norm = AddNorm(config)
+
+    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+        x = self.self_attn_add_norm(x, lambda h: self.self_attn(h, h, h, src_mask))
+        return self.feed_forward_add_norm(x, self.feed_forward)  # (B, S, D)
+
+
+class DecoderLayer(nn.Module):
+    """x ← AddNorm(x, MaskedSelfAttention(x, x, x)),  x ← AddNorm(x, Attention(x, m, m)),
+    x ← AddNorm(x, FFN(x)), with m the encoder output (memory)   (section 3.1).
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(config)
+        self.self_attn_add_norm = AddNorm(config)
+        self.cross_attn = MultiHeadAttention(config)
+        self.cross_attn_add_norm = AddNorm(config)
+        self.feed_forward = PositionwiseFeedForward(config)
+        self.feed_forward_add_norm = AddNorm(config)
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+    ) -> Tensor:
+        x = self.self_attn_add_norm(x, lambda h: self.self_attn(h, h, h, tgt_mask))
+        # queries from the decoder, keys and values from the encoder: pre-norm normalises h only
+        x = self.cross_attn_add_norm(x, lambda h: self.cross_attn(h, memory, memory, src_mask))
+        return self.feed_forward_add_norm(x, self.feed_forward)  # (B, T, D)
+
+
+class Encoder(nn.Module):
+    """N encoder layers, then a final LayerNorm (as torch.nn.Transformer, in both modes)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
+        self.norm = LayerNorm(config)
+
+    def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, src_mask)
+        return self.norm(x)  # (B, S, D)
+
+
+class Decoder(nn.Module):
+    """N decoder layers, then a final LayerNorm (as torch.nn.Transformer, in both modes)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layers))
+        self.norm = LayerNorm(config)
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+    ) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, memory, src_mask, tgt_mask)
+        return self.norm(x)  # (B, T, D)
+
+
+class Generator(nn.Module):
+    """log softmax(x W + b): next-token log-probabilities   (section 3.4)."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        D, V = config.d_model, config.tgt_vocab_size
+        self.W = xavier_uniform(D, V, fan_in=D, fan_out=V)  # (D, V)
+        self.b = nn.Parameter(torch.zeros(V))  # (V,)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.log_softmax(x @ self.W + self.b, dim=-1)  # (B, T, V)
+
+
+# Canonical names (DESIGN.md) are nn.Linear's (out, in); here W is applied as x @ W, with the
+# heads split out of the output axis. Axes: h head, k head dim, d model dim, f feed-forward dim,
+# v vocabulary; "(h k)" is the concatenation of the heads.
+_LAYER = "{stack}.layers.{i}"
+_ATTN = _LAYER + ".{attn}"  # self_attn in both stacks, cross_attn in the decoder
+
+
+class Transformer(nn.Module):
+    """Embed + positions -> encoder -> decoder -> generator: encode, decode, project."""
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.src_embedding = TokenEmbedding(config, config.src_vocab_size)
+        self.tgt_embedding = TokenEmbedding(config, config.tgt_vocab_size)
+        self.positional_encoding = SinusoidalPositionalEncoding(config)  # no weights: one serves both
+        self.encoder = Encoder(config)
+        self.decoder = Decoder(config)
+        self.generator = Generator(config)
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        checks.check_source(self, src, src_mask)
+        x = self.positional_encoding(self.src_embedding(src))  # (B, S, D)
+        return self.encoder(x, src_mask)  # (B, S, D)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
+        x = self.positional_encoding(self.tgt_embedding(tgt))  # (B, T, D)
+        return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
+
+    def project(self, hidden: Tensor) -> Tensor:
+        checks.check_hidden(self, hidden)
+        return self.generator(hidden)  # (B, T, V)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        checks.check_forward(self, src, tgt, src_mask, tgt_mask)  # all of them, before encoding
+        memory = self.encode(src, src_mask)
+        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
+
+    weight_map: ClassVar[dict[str, str | Param]] = {
+        "src_embed.weight": "src_embedding.E",  # (V, D) in both
+        "tgt_embed.weight": "tgt_embedding.E",
+        _ATTN + ".wq.weight": Param(_ATTN + ".W_q", layout="h d k -> (h k) d"),
+        _ATTN + ".wk.weight": Param(_ATTN + ".W_k", layout="h d k -> (h k) d"),
+        _ATTN + ".wv.weight": Param(_ATTN + ".W_v", layout="h d k -> (h k) d"),
+        _ATTN + ".wq.bias": Param(_ATTN + ".b_q", layout="h k -> (h k)"),
+        _ATTN + ".wk.bias": Param(_ATTN + ".b_k", layout="h k -> (h k)"),
+        _ATTN + ".wv.bias": Param(_ATTN + ".b_v", layout="h k -> (h k)"),
+        _ATTN + ".wo.weight": Param(_ATTN + ".W_o", layout="h k d -> d (h k)"),
+        _ATTN + ".wo.bias": _ATTN + ".b_o",  # (D,) in both
+        _LAYER + ".ff.w1.weight": Param(_LAYER + ".feed_forward.W_1", layout="d f -> f d"),
+        _LAYER + ".ff.w1.bias": _LAYER + ".feed_forward.b_1",
+        _LAYER + ".ff.w2.weight": Param(_LAYER + ".feed_forward.W_2", layout="f d -> d f"),
+        _LAYER + ".ff.w2.bias": _LAYER + ".feed_forward.b_2",
+        # norm1 after self-attention; norm2 after the FFN (encoder) or cross-attention (decoder)
+        _LAYER + ".norm1.weight": _LAYER + ".self_attn_add_norm.norm.gamma",
+        _LAYER + ".norm1.bias": _LAYER + ".self_attn_add_norm.norm.beta",
+        "encoder.layers.{i}.norm2.weight": "encoder.layers.{i}.feed_forward_add_norm.norm.gamma",
+        "encoder.layers.{i}.norm2.bias": "encoder.layers.{i}.feed_forward_add_norm.norm.beta",
+        "decoder.layers.{i}.norm2.weight": "decoder.layers.{i}.cross_attn_add_norm.norm.gamma",
+        "decoder.layers.{i}.norm2.bias": "decoder.layers.{i}.cross_attn_add_norm.norm.beta",
+        "decoder.layers.{i}.norm3.weight": "decoder.layers.{i}.feed_forward_add_norm.norm.gamma",
+        "decoder.layers.{i}.norm3.bias": "decoder.layers.{i}.feed_forward_add_norm.norm.beta",
+        "{stack}.norm.weight": "{stack}.norm.gamma",
+        "{stack}.norm.bias": "{stack}.norm.beta",
+        "generator.weight": Param("generator.W", layout="d v -> v d"),
+        "generator.bias": "generator.b",
+    }
