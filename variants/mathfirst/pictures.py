@@ -1,0 +1,143 @@
+"""Pictures of two components: the sinusoid table and one layer's attention weights.
+
+    python -m variants.mathfirst.pictures --out pictures/
+
+writes ``positional_encoding.png`` (the (max_len, d_model) table as a heatmap, as in source 3)
+and ``attention_weights.png`` (encoder self-attention of one layer, one panel per head, for a
+seeded model and a given source sequence). Needs matplotlib: ``pip install -e ".[plot]"``.
+
+Shape legend:
+    S  source length    H  heads    D  model dim (d_model)    L  max_len
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+from common.masks import padding_mask
+from common.weights import import_weights, init_canonical
+from variants.mathfirst.components import positional_encoding_table
+from variants.mathfirst.model import Transformer
+
+PE_FILE = "positional_encoding.png"
+ATTENTION_FILE = "attention_weights.png"
+VOCAB_SIZE = 1000
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m variants.mathfirst.pictures", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs (created if needed)")
+    parser.add_argument("--d-model", type=int, default=128, help="model width D (default 128)")
+    parser.add_argument("--max-len", type=int, default=100, help="positions in the heatmap (default 100)")
+    parser.add_argument("--heads", type=int, default=4, help="attention heads H (default 4)")
+    parser.add_argument("--layers", type=int, default=2, help="encoder/decoder layers (default 2)")
+    parser.add_argument("--layer", type=int, default=0, help="which encoder layer to draw (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model's weights (default 0)")
+    parser.add_argument("--tokens", type=int, nargs="+", metavar="ID",
+                        help=f"source token ids in [0, {VOCAB_SIZE}); 0 is padding, masked as a key "
+                             "(default: 12 seeded random ids)")
+    args = parser.parse_args(argv)
+    for name in ("d_model", "max_len", "heads", "layers"):
+        if getattr(args, name) <= 0:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.d_model % args.heads:
+        parser.error(f"--d-model ({args.d_model}) must be divisible by --heads ({args.heads})")
+    if not 0 <= args.layer < args.layers:
+        parser.error(f"--layer must lie in [0, {args.layers}), got {args.layer}")
+    if args.tokens is not None:
+        if not all(0 <= t < VOCAB_SIZE for t in args.tokens):
+            parser.error(f"--tokens must lie in [0, {VOCAB_SIZE}), got {args.tokens}")
+        if len(args.tokens) > args.max_len:
+            parser.error(f"--tokens has {len(args.tokens)} ids, more than --max-len {args.max_len}")
+    return args
+
+
+def encoder_attention(model: Transformer, src: Tensor, layer: int) -> Tensor:
+    """(H, S, S) self-attention weights of encoder layer ``layer`` for one sequence ``src`` (1, S).
+
+    A pre-hook records the query and key that layer's attention receives, so the picture shows
+    exactly what the model computes, in either norm mode.
+    """
+    attention = model.encoder.layers[layer].self_attn
+    calls: list[tuple] = []
+
+    def record_inputs(_module: nn.Module, inputs: tuple) -> None:
+        calls.append(inputs)
+
+    handle = attention.register_forward_pre_hook(record_inputs)
+    try:
+        with torch.no_grad():
+            model.eval().encode(src, padding_mask(src, model.config.pad_id))
+    finally:
+        handle.remove()
+    (query, key, _value, mask), = calls
+    with torch.no_grad():
+        return attention.attention_map(query, key, mask)[0]  # (H, S, S)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    try:
+        import matplotlib
+    except ImportError:
+        sys.exit('pictures need matplotlib, which is not installed: pip install -e ".[plot]"')
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    pe = positional_encoding_table(args.max_len, args.d_model)  # (L, D)
+    fig, ax = plt.subplots(figsize=(12, 6))
+    image = ax.imshow(pe.numpy(), cmap="coolwarm_r", aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="Encoding Value")
+    ax.set_title("Sinusoidal Positional Encoding", fontsize=18, weight="bold", pad=15)
+    ax.set_xlabel("Embedding Dimension", fontsize=13)
+    ax.set_ylabel("Position", fontsize=13)
+    fig.tight_layout()
+    fig.savefig(args.out / PE_FILE, dpi=100)
+    plt.close(fig)
+
+    config = TransformerConfig(d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+                               d_ff=4 * args.d_model, src_vocab_size=VOCAB_SIZE,
+                               tgt_vocab_size=VOCAB_SIZE, max_seq_len=args.max_len)
+    model = Transformer(config)
+    import_weights(model, init_canonical(config, args.seed))
+    if args.tokens is None:
+        generator = torch.Generator().manual_seed(args.seed)
+        src = torch.randint(1, VOCAB_SIZE, (1, 12), generator=generator)  # (1, S)
+    else:
+        src = torch.tensor([args.tokens])  # (1, S)
+    weights = encoder_attention(model, src, args.layer)  # (H, S, S)
+
+    columns = min(args.heads, 4)
+    rows = math.ceil(args.heads / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns + 1, 3.2 * rows + 0.6), squeeze=False,
+                             layout="constrained")
+    labels = [str(t) for t in src[0].tolist()]
+    for head, ax in enumerate(axes.flat):
+        if head >= args.heads:
+            ax.axis("off")
+            continue
+        image = ax.imshow(weights[head].numpy(), cmap="viridis", vmin=0.0, vmax=1.0)
+        ax.set_title(f"head {head}")
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(labels)), labels, fontsize=7)
+        ax.set_xlabel("key token")
+        if head % columns == 0:
+            ax.set_ylabel("query token")
+    fig.colorbar(image, ax=axes, label="attention weight", shrink=0.8)
+    fig.suptitle(f"Encoder layer {args.layer} self-attention (seed {args.seed})", fontsize=14)
+    fig.savefig(args.out / ATTENTION_FILE, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
