@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 
 from common.masks import causal_mask
 from tests.helpers import make_batch, small_config
-from variants import build
+from variants import VARIANTS, build
 
 CONFIG = small_config()  # src_vocab 23, tgt_vocab 19, max_seq_len 40, d_model 32, 4 heads
 BATCH, SRC_LEN, TGT_LEN = 3, 7, 5
@@ -256,3 +256,34 @@ def test_out_of_range_ids_on_cuda_raise_instead_of_a_device_assert(variant):
         out = model(src, tgt, src_mask, tgt_mask)
     torch.cuda.synchronize()  # would re-raise an asynchronous device-side assert
     assert torch.isfinite(out).all()
+
+
+# --- the other side of the mask check: what does broadcast is accepted ------------------------
+
+LOW_RANK_MASKS = {  # name -> (src_mask, tgt_mask) of rank < 4 that broadcast to (B, H, T_q, T_k)
+    "src-mask-rank-1": (torch.tensor([True] * 5 + [False] * 2), None),
+    "src-mask-rank-3": (torch.tensor([True] * 6 + [False])[None, None], None),
+    "tgt-mask-rank-2": (None, causal_mask(TGT_LEN)[0, 0]),
+}
+# variants/reference.py's _to_torch_mask takes the batch size from the mask, so a mask without
+# a batch dimension reaches nn.MultiheadAttention as (H, T_q, T_k) instead of (B*H, T_q, T_k).
+REFERENCE_LOW_RANK_BUG = pytest.mark.xfail(
+    strict=True, raises=RuntimeError,
+    reason="reference expands a mask to the mask's batch size, not the input's (reported)")
+
+
+@pytest.mark.parametrize("variant", [pytest.param(name, marks=REFERENCE_LOW_RANK_BUG)
+                                     if name == "torch" else name for name in VARIANTS])
+@pytest.mark.parametrize("masks", list(LOW_RANK_MASKS.values()), ids=list(LOW_RANK_MASKS))
+def test_masks_of_lower_rank_broadcast_like_their_4d_form(variant, masks):
+    model = build(variant, CONFIG, seed=0).eval()
+    src, tgt = good_inputs()["src"], good_inputs()["tgt"]
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt, *masks), model(src, tgt, *map(as_4d, masks)))
+
+
+def as_4d(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The (B, ., ., .) mask that ``mask`` broadcasts to: leading 1s, then the batch filled in."""
+    if mask is None:
+        return None
+    return mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape)).expand(BATCH, -1, -1, -1)
