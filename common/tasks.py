@@ -1,0 +1,74 @@
+"""Synthetic sequence-to-sequence tasks: copy and reverse random token sequences.
+
+    generator = torch.Generator().manual_seed(0)
+    src, tgt = sample_batch("reverse", 32, vocab_size=13, min_len=1, max_len=10,
+                            generator=generator)
+    # src (32, 10): x1 .. xn PAD ..          n uniform in [min_len, max_len]
+    # tgt (32, 12): BOS xn .. x1 EOS PAD ..  (copy: BOS x1 .. xn EOS PAD ..)
+
+Ids 0, 1, 2 are reserved for PAD, BOS and EOS (PAD is ``TransformerConfig.pad_id``'s default);
+content tokens are drawn uniformly from [3, vocab_size). The same generator state gives the
+same batch, so a seed fixes a whole stream of batches.
+
+Shape legend:
+    B  batch    N  longest source (max_len)    N + 2  target with BOS and EOS
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+PAD_ID = 0
+BOS_ID = 1
+EOS_ID = 2
+FIRST_TOKEN_ID = 3  # the smallest content token
+
+TASKS: tuple[str, ...] = ("copy", "reverse")
+
+
+def sample_batch(
+    task: str,
+    batch_size: int,
+    *,
+    vocab_size: int,
+    min_len: int,
+    max_len: int,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """(B, N) padded sources and their (B, N + 2) targets ``BOS answer EOS PAD..``, on the CPU."""
+    _check_arguments(task, batch_size, vocab_size, min_len, max_len)
+    lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)  # (B,)
+    tokens = torch.randint(FIRST_TOKEN_ID, vocab_size, (batch_size, max_len), generator=generator)
+    positions = torch.arange(max_len)  # (N,)
+    is_token = positions < lengths[:, None]  # (B, N)
+    src = tokens.masked_fill(~is_token, PAD_ID)  # (B, N)
+    if task == "copy":
+        answer = src
+    else:
+        # position j of the answer reads position n - 1 - j of the source; padding stays put
+        source_index = (lengths[:, None] - 1 - positions).clamp(min=0)  # (B, N)
+        answer = src.gather(1, source_index).masked_fill(~is_token, PAD_ID)  # (B, N)
+    tgt = torch.full((batch_size, max_len + 2), PAD_ID, dtype=torch.long)  # (B, N + 2)
+    tgt[:, 0] = BOS_ID
+    tgt[:, 1:-1] = answer
+    tgt[torch.arange(batch_size), lengths + 1] = EOS_ID
+    return src, tgt
+
+
+def _check_arguments(task: object, batch_size: object, vocab_size: object, min_len: object,
+                     max_len: object) -> None:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
+    for name, value in (("batch_size", batch_size), ("vocab_size", vocab_size),
+                        ("min_len", min_len), ("max_len", max_len)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        if value < 1:
+            raise ValueError(f"{name} must be positive, got {value}")
+    if vocab_size <= FIRST_TOKEN_ID:
+        raise ValueError(
+            f"vocab_size must exceed {FIRST_TOKEN_ID} (ids 0, 1, 2 are PAD, BOS, EOS), got {vocab_size}"
+        )
+    if min_len > max_len:
+        raise ValueError(f"min_len ({min_len}) must not exceed max_len ({max_len})")
