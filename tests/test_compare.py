@@ -1,0 +1,156 @@
+"""compare.py end to end on its tiny preset, its FLOP formula, and its refusal of bad options."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.config import TransformerConfig
+from compare import forward_flops, make_batch, parse_args
+from variants import VARIANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+# one thread: the suite shares its cores with other processes, and OpenMP's second thread
+# then waits on a busy core at every op; a short run per cell keeps the test fast
+FAST = ["--preset", "tiny", "--rounds", "1", "--min-run-time", "0.02", "--threads", "1",
+        "--decode-len", "4", "--quiet"]
+
+
+def run_compare(*options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "compare.py", *options], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tiny_report() -> dict:
+    done = run_compare(*FAST, "--format", "json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_tiny_preset_has_one_row_per_variant_with_positive_times(tiny_report):
+    (block,) = tiny_report["blocks"]
+    assert [row["variant"] for row in block["rows"]] == list(VARIANTS)
+    for row in block["rows"]:
+        for key in ("forward_ms", "train_ms", "decode_tokens_per_s", "forward_gflops",
+                    "train_peak_mb"):
+            assert row[key] is not None and row[key] > 0, (row["variant"], key, row[key])
+    assert block["matmul_peak_gflops"] > 0
+
+
+def test_tiny_preset_agrees_with_torch_after_weight_transfer(tiny_report):
+    (block,) = tiny_report["blocks"]
+    for row in block["rows"]:
+        assert row["max_abs_dlogp"] is not None and row["max_abs_dlogp"] < 1e-4, row["variant"]
+    reference = next(row for row in block["rows"] if row["variant"] == "torch")
+    assert reference["max_abs_dlogp"] == 0.0
+    assert reference["forward_vs_torch"] == pytest.approx(1.0)
+
+
+def test_header_names_machine_and_settings(tiny_report):
+    meta = tiny_report["meta"]
+    assert meta["threads"] == 1
+    assert meta["torch"] == torch.__version__
+    assert meta["cpu_model"]
+    assert tiny_report["blocks"][0]["dtype"] == "float32"
+
+
+def test_table_format_prints_one_table_with_a_header_line():
+    done = run_compare(*FAST, "--variants", "explicit", "torch", "--format", "simple")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("cpu: ") and "threads" in lines[0] and "torch " in lines[0]
+    body = [line.split()[0] for line in lines[1:] if line.split()]
+    assert "explicit" in body and "torch" in body and "einsum" not in body
+
+
+def test_several_lengths_give_one_block_per_shape(tmp_path):
+    output = tmp_path / "run.csv"
+    done = run_compare(*FAST, "--variants", "torch", "--batch", "2", "3", "--src-len", "8", "12",
+                       "--tgt-len", "6", "--format", "csv", "--output", str(output))
+    assert done.returncode == 0, done.stderr
+    lines = output.read_text().splitlines()
+    assert lines[0].startswith("device,dtype,batch,src_len,tgt_len,variant")
+    assert [line.split(",")[:5] for line in lines[1:]] == [
+        ["cpu", "float32", "2", "8", "6"], ["cpu", "float32", "3", "12", "6"]]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--variants", "nosuch"], "nosuch"),
+        (["--batch", "0"], "--batch"),
+        (["--batch", "-3"], "--batch"),
+        (["--src-len", "0"], "--src-len"),
+        (["--tgt-len", "two"], "--tgt-len"),
+        (["--src-len", "129"], "max_seq_len 128"),
+        (["--batch", "1", "2", "--src-len", "4", "5", "6"], "pair up"),
+        (["--dtype", "float8"], "float8"),
+        (["--dropout", "1.5"], "--dropout"),
+        (["--min-run-time", "0"], "--min-run-time"),
+        (["--format", "nosuch"], "--format"),
+    ],
+)
+def test_bad_option_exits_2_with_one_line(options, named, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--preset", "tiny", *options])
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("compare.py: error: ") and named in line
+
+
+def test_bad_option_from_the_shell_is_one_line_and_no_traceback():
+    done = run_compare("--preset", "tiny", "--batch", "0")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "compare.py: error: argument --batch: must be positive, got '0' (see --help)"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_cuda_exits_2_with_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--device", "cuda"])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--device cuda: CUDA is not available" in line
+
+
+def test_flop_formula_counts_every_matmul():
+    """One layer each, D=2, F=3, V=5, S=7, T=11, B=2, counted by hand from the formula's terms."""
+    config = TransformerConfig(d_model=2, n_heads=1, n_layers=1, d_ff=3, src_vocab_size=5,
+                               tgt_vocab_size=5, max_seq_len=16)
+    d, f, v, s, t = 2, 3, 5, 7, 11
+    encoder = 2 * (4 * s * d * d) + 2 * (2 * s * s * d) + 2 * (2 * s * d * f)
+    self_attn = 2 * (4 * t * d * d) + 2 * (2 * t * t * d)
+    cross_attn = 2 * (2 * t * d * d) + 2 * (2 * s * d * d) + 2 * (2 * t * s * d)
+    decoder = self_attn + cross_attn + 2 * (2 * t * d * f)
+    assert forward_flops(config, 2, s, t) == 2 * (encoder + decoder + 2 * t * d * v)
+
+
+def test_flop_formula_grows_with_each_dimension():
+    config = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=256, src_vocab_size=100,
+                               tgt_vocab_size=100, max_seq_len=64)
+    one = forward_flops(config, 1, 16, 16)
+    assert forward_flops(config, 3, 16, 16) == 3 * one
+    assert forward_flops(config.replace(n_layers=4), 1, 16, 16) > one
+    assert forward_flops(config, 1, 32, 16) > one
+
+
+def test_batch_is_padded_but_no_attention_row_is_fully_masked():
+    config = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, src_vocab_size=50,
+                               tgt_vocab_size=40, max_seq_len=64)
+    batch = make_batch(config, 16, 20, 12, seed=3)
+    assert (batch.src == config.pad_id).any()  # padding is exercised
+    assert batch.src[0].ne(config.pad_id).all() and batch.tgt[0].ne(config.pad_id).all()
+    assert batch.src_mask.any(dim=-1).all()  # every source keeps a real key
+    assert batch.tgt_mask.any(dim=-1).all()  # every target query sees a real key
+    assert (batch.labels == config.pad_id).equal(batch.tgt == config.pad_id)
+    assert int(batch.tgt.max()) < config.tgt_vocab_size and int(batch.src.max()) < config.src_vocab_size
