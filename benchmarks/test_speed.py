@@ -1,0 +1,79 @@
+"""Forward and train-step timings: one benchmark group per device, shape and mode, a row per variant.
+
+    pytest benchmarks/                                   # CPU, and CUDA when present
+    pytest benchmarks/ --benchmark-autosave              # save under .benchmarks/
+    pytest benchmarks/ --benchmark-compare               # against the latest saved run
+
+The work is compare.py's (its preset, padded batch, forward and train steps), so the numbers
+line up with its table; the shapes are kept small so the whole run takes a few minutes on two
+cores. Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from common.config import TransformerConfig
+from common.weights import transfer
+from compare import PRESETS, forward_flops, forward_step, make_batch, precision, train_step
+from variants import VARIANTS, build
+
+CONFIG = TransformerConfig(**PRESETS["small"][0])
+SHAPES = [(8, 32, 32), (4, 128, 128)]  # (batch, src_len, tgt_len)
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                      reason="needs a CUDA device")]),
+]
+
+
+@pytest.fixture(scope="module")
+def reference() -> torch.nn.Module:
+    return build("torch", CONFIG, seed=0)
+
+
+def model_on(variant: str, device: str, reference: torch.nn.Module) -> torch.nn.Module:
+    model = build(variant, CONFIG)
+    transfer(reference, model)  # every row computes the same function
+    return model.to(device)
+
+
+def synchronised(step, device: str):
+    """pytest-benchmark times the call; on CUDA the call must include the kernels' work."""
+    if device != "cuda":
+        return step
+
+    def run():
+        step()
+        torch.cuda.synchronize()
+
+    return run
+
+
+def no_autocast():
+    return precision("cpu", torch.float32, autocast=False)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}xS{}xT{}".format(*s))
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_forward(benchmark, variant, device, shape, reference):
+    model = model_on(variant, device, reference).eval()
+    batch = make_batch(CONFIG, *shape, device=device)
+    benchmark.group = f"forward {device} B={shape[0]} S={shape[1]} T={shape[2]}"
+    benchmark.extra_info["gflop"] = forward_flops(CONFIG, *shape) / 1e9
+    logp = benchmark(synchronised(forward_step(model, batch, no_autocast), device))
+    assert torch.isfinite(logp).all()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}xS{}xT{}".format(*s))
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_train_step(benchmark, variant, device, shape, reference):
+    model = model_on(variant, device, reference).train()
+    batch = make_batch(CONFIG, *shape, device=device)
+    benchmark.group = f"train step {device} B={shape[0]} S={shape[1]} T={shape[2]}"
+    benchmark.extra_info["gflop"] = 3 * forward_flops(CONFIG, *shape) / 1e9
+    benchmark(synchronised(train_step(model, batch, no_autocast), device))
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
