@@ -189,8 +189,9 @@ def exact_match_accuracy(model: nn.Module, src: Tensor, tgt: Tensor, batch_size:
 class ProgressBar:
     """``[#####.....] step 120/300  loss 1.234  lr 1.2e-03  5,123 tok/s`` on one line, via \\r."""
 
-    def __init__(self, stream=sys.stderr, width: int = 30, every_seconds: float = 0.1) -> None:
-        self.stream, self.width, self.every_seconds = stream, width, every_seconds
+    def __init__(self, stream=None, width: int = 30, every_seconds: float = 0.1) -> None:
+        self.stream = stream if stream is not None else sys.stderr  # looked up now, not at import
+        self.width, self.every_seconds = width, every_seconds
         self.tokens = 0
         self.last_drawn = -float("inf")
 
