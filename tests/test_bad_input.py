@@ -191,7 +191,8 @@ class ParameterReads(TorchFunctionMode):
 
 def model_and_call(variant: str, case: Case):
     model = build(variant, CONFIG, seed=0).eval().to(case.model_device)
-    inputs = {**good_inputs(), **case.change(good_inputs())}
+    good = good_inputs()
+    inputs = {**good, **case.change(good)}
     entry = getattr(model, case.entry) if case.entry != "forward" else model
     return model, lambda: entry(*(inputs[name] for name in ENTRY_ARGS[case.entry]))
 
