@@ -13,7 +13,7 @@ from torch.utils._pytree import tree_leaves
 
 from common.masks import causal_mask
 from tests.helpers import make_batch, small_config
-from variants import VARIANTS, build
+from variants import build
 
 CONFIG = small_config()  # src_vocab 23, tgt_vocab 19, max_seq_len 40, d_model 32, 4 heads
 BATCH, SRC_LEN, TGT_LEN = 3, 7, 5
@@ -45,8 +45,6 @@ class Case:
     error: type[Exception]
     match: str  # regex the message must contain: the argument, what it got, what was expected
     model_device: str = "cpu"
-    # forward checks tgt only inside decode, after the encoder ran, unless it calls check_forward
-    needs_check_forward: bool = False
     marks: tuple = field(default=())
 
 
@@ -99,15 +97,14 @@ CASES = {
                                     SRC_RANGE + r"\d+, max 99"),
     "tgt-id-too-high": Case("decode", with_id("tgt", 2, 0, 19), ValueError, TGT_RANGE + r"\d+, max 19"),
     "tgt-id-in-src-vocab-only": Case("forward", with_id("tgt", 0, 1, 20), ValueError,
-                                     TGT_RANGE + r"\d+, max 20", needs_check_forward=True),
+                                     TGT_RANGE + r"\d+, max 20"),
     # --- lengths (both numbers) and emptiness
     "src-too-long": Case("encode", lambda g: {"src": ids((3, 41), 23), "src_mask": None}, ValueError,
                          r"src length 41 exceeds max_seq_len 40"),
     "tgt-too-long": Case("decode", lambda g: {"tgt": ids((3, 45), 19), "tgt_mask": None, "src_mask": None},
                          ValueError, r"tgt length 45 exceeds max_seq_len 40"),
     "tgt-too-long-forward": Case("forward", lambda g: {"tgt": ids((3, 41), 19), "tgt_mask": None},
-                                 ValueError, r"tgt length 41 exceeds max_seq_len 40",
-                                 needs_check_forward=True),
+                                 ValueError, r"tgt length 41 exceeds max_seq_len 40"),
     "src-no-rows": Case("encode", lambda g: {"src": g["src"][:0], "src_mask": None}, ValueError,
                         r"src is empty: shape \(0, 7\)"),
     "src-no-tokens": Case("encode", lambda g: {"src": g["src"][:, :0], "src_mask": None}, ValueError,
@@ -137,7 +134,7 @@ CASES = {
     "tgt-mask-float": Case("decode", lambda g: {"tgt_mask": g["tgt_mask"].float()}, TypeError,
                            r"tgt_mask must be a bool tensor \(True = may attend\), got dtype torch\.float32"),
     "tgt-mask-float-forward": Case("forward", lambda g: {"tgt_mask": g["tgt_mask"].float()}, TypeError,
-                                   r"tgt_mask must be a bool tensor", needs_check_forward=True),
+                                   r"tgt_mask must be a bool tensor"),
     "src-mask-short-keys": Case("encode", lambda g: {"src_mask": g["src_mask"][..., :6]}, ValueError,
                                 r"src_mask of shape \(3, 1, 1, 6\) " + SRC_MASK_ENC),
     "src-mask-wrong-heads": Case("encode", lambda g: {"src_mask": g["src_mask"].expand(3, 3, 1, 7)},
@@ -149,8 +146,7 @@ CASES = {
     "tgt-mask-wrong-length": Case("decode", lambda g: {"tgt_mask": causal_mask(4)}, ValueError,
                                   r"tgt_mask of shape \(1, 1, 4, 4\) " + TGT_MASK),
     "tgt-mask-wrong-length-forward": Case("forward", lambda g: {"tgt_mask": causal_mask(6)}, ValueError,
-                                          r"tgt_mask of shape \(1, 1, 6, 6\) " + TGT_MASK,
-                                          needs_check_forward=True),
+                                          r"tgt_mask of shape \(1, 1, 6, 6\) " + TGT_MASK),
     # --- project
     "hidden-wrong-width": Case("project", lambda g: {"hidden": g["hidden"][..., :16]}, ValueError,
                                r"hidden must have last dimension d_model=32, got shape \(3, 5, 16\)"),
@@ -168,7 +164,7 @@ CASES = {
     "memory-on-meta": Case("decode", lambda g: {"memory": g["memory"].to("meta")}, ValueError,
                            r"memory is on meta but the model is on cpu"),
     "tgt-on-meta-forward": Case("forward", lambda g: {"tgt": g["tgt"].to("meta")}, ValueError,
-                                r"tgt is on meta but the model is on cpu", needs_check_forward=True),
+                                r"tgt is on meta but the model is on cpu"),
 }
 
 
@@ -210,9 +206,6 @@ def test_bad_input_is_caught_before_any_tensor_work(variant, case):
     reads = ParameterReads(model)
     with reads, pytest.raises(case.error):
         call()
-    if reads.calls and case.needs_check_forward:
-        pytest.xfail("forward checks tgt and tgt_mask only in decode, after encoding: the variant's "
-                     "forward should call checks.check_forward instead of checks.check_same_batch")
     assert reads.calls == [], f"the model did tensor work before rejecting the input: {reads.calls}"
 
 
@@ -266,15 +259,6 @@ LOW_RANK_MASKS = {  # name -> (src_mask, tgt_mask) of rank < 4 that broadcast to
     "src-mask-rank-3": (torch.tensor([True] * 6 + [False])[None, None], None),
     "tgt-mask-rank-2": (None, causal_mask(TGT_LEN)[0, 0]),
 }
-# variants/reference.py's _to_torch_mask takes the batch size from the mask, so a mask without
-# a batch dimension reaches nn.MultiheadAttention as (H, T_q, T_k) instead of (B*H, T_q, T_k).
-REFERENCE_LOW_RANK_BUG = pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="reference expands a mask to the mask's batch size, not the input's (reported)")
-
-
-@pytest.mark.parametrize("variant", [pytest.param(name, marks=REFERENCE_LOW_RANK_BUG)
-                                     if name == "torch" else name for name in VARIANTS])
 @pytest.mark.parametrize("masks", list(LOW_RANK_MASKS.values()), ids=list(LOW_RANK_MASKS))
 def test_masks_of_lower_rank_broadcast_like_their_4d_form(variant, masks):
     model = build(variant, CONFIG, seed=0).eval()

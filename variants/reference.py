@@ -59,17 +59,18 @@ class Transformer(nn.Module):
         x = embedding(ids) * math.sqrt(self.config.d_model)
         return self.dropout(x + self.pe[: ids.shape[1]].to(x.dtype))  # (B, L, D)
 
-    def _to_torch_mask(self, mask: Tensor | None, q_len: int, k_len: int) -> Tensor | None:
+    def _to_torch_mask(
+        self, mask: Tensor | None, batch: int, q_len: int, k_len: int
+    ) -> Tensor | None:
         """(…, T_query, T_key) True = may attend -> (B*H, T_query, T_key) True = blocked."""
         if mask is None:
             return None
-        batch = mask.shape[0] if mask.ndim == 4 else 1
-        full = mask.expand(batch, self.config.n_heads, q_len, k_len)
+        full = mask.expand(batch, self.config.n_heads, q_len, k_len)  # (B, H, T_query, T_key)
         return ~full.reshape(batch * self.config.n_heads, q_len, k_len)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         checks.check_source(self, src, src_mask)
-        mask = self._to_torch_mask(src_mask, src.shape[1], src.shape[1])
+        mask = self._to_torch_mask(src_mask, *src.shape, src.shape[1])
         return self.transformer.encoder(self._embed(self.src_embed, src), mask=mask)
 
     def decode(
@@ -80,12 +81,12 @@ class Transformer(nn.Module):
         tgt_mask: Tensor | None = None,
     ) -> Tensor:
         checks.check_target(self, tgt, memory, src_mask, tgt_mask)
-        tgt_len, src_len = tgt.shape[1], memory.shape[1]
+        (batch, tgt_len), src_len = tgt.shape, memory.shape[1]
         return self.transformer.decoder(
             self._embed(self.tgt_embed, tgt),
             memory,
-            tgt_mask=self._to_torch_mask(tgt_mask, tgt_len, tgt_len),
-            memory_mask=self._to_torch_mask(src_mask, tgt_len, src_len),
+            tgt_mask=self._to_torch_mask(tgt_mask, batch, tgt_len, tgt_len),
+            memory_mask=self._to_torch_mask(src_mask, batch, tgt_len, src_len),
         )
 
     def project(self, hidden: Tensor) -> Tensor:
@@ -99,7 +100,7 @@ class Transformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
     ) -> Tensor:
-        checks.check_same_batch(src, tgt)
+        checks.check_forward(self, src, tgt, src_mask, tgt_mask)  # all inputs, before encoding
         memory = self.encode(src, src_mask)
         return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
 

@@ -259,7 +259,7 @@ class Transformer(nn.Module):
         src_mask: Tensor | None = None,
         tgt_mask: Tensor | None = None,
     ) -> Tensor:
-        checks.check_same_batch(src, tgt)
+        checks.check_forward(self, src, tgt, src_mask, tgt_mask)  # all inputs, before encoding
         memory = self.encode(src, src_mask)
         return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
 
