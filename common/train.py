@@ -244,7 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
     parser.add_argument("--task", choices=tasks.TASKS, default="reverse")
     parser.add_argument("--steps", type=_positive_int, default=300)
-    parser.add_argument("--batch", type=_positive_int, default=64, help="sequences per step")
+    parser.add_argument("--batch", type=_positive_int, default=128, help="sequences per step")
     parser.add_argument("--seed", type=int, default=0, help="weights and training data")
     parser.add_argument("--warmup", type=_positive_int, default=100,
                         help="warm-up steps (the paper: 4000 for 100k steps)")

@@ -4,7 +4,7 @@ before the model touches a single weight."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -45,7 +45,6 @@ class Case:
     error: type[Exception]
     match: str  # regex the message must contain: the argument, what it got, what was expected
     model_device: str = "cpu"
-    marks: tuple = field(default=())
 
 
 def ids(shape, high, low=1) -> torch.Tensor:
