@@ -129,6 +129,7 @@ def train(
 ) -> list[float]:
     """Train ``model`` for ``steps`` steps on (src, tgt) batches; returns the loss of each step.
 
+    Puts the model in train mode (dropout on, if the config has any) and leaves it there.
     Batches are moved to the model's device. ``on_step`` sees a ``StepReport`` after each step.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
