@@ -8,6 +8,16 @@ import torch
 from variants import VARIANTS
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Test models are tiny: threads only add overhead (and thrash on a shared machine), and one
+    thread fixes the order of floating-point reductions, so runs repeat exactly."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(params=VARIANTS)
 def variant(request) -> str:
     """Each registered variant in turn: a new variant joins every test that takes this fixture."""

@@ -30,15 +30,6 @@ from variants import VARIANTS, build
 FROM_SCRATCH = [name for name in VARIANTS if name != "torch"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """The models here are tiny: threads only add overhead, and thrash on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # --- tasks ---------------------------------------------------------------------------------
 
 
