@@ -189,17 +189,17 @@ def keep_freed_memory() -> str:
     return "glibc default (mallopt refused)"
 
 
-def matmul_peak(device: str, dtype: torch.dtype, threads: int, min_run_time: float) -> float:
-    """FLOP/s of a large square matmul in ``dtype``: the ceiling the % column is relative to."""
+def matmul_peak_timer(device: str, dtype: torch.dtype, threads: int) -> tuple[Timer, int]:
+    """A large square matmul in ``dtype`` and its FLOPs: the ceiling the % columns refer to."""
     n = 8192 if device == "cuda" else 2048
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    timer = Timer("a @ b", globals={"a": a, "b": b}, num_threads=threads)
+    timer = Timer("a @ b", globals={"a": a, "b": b}, num_threads=threads, label="matmul peak")
     timer.timeit(1)  # warm up (first-call library set-up)
-    return 2 * n**3 / timer.blocked_autorange(min_run_time=min_run_time).median
+    return timer, 2 * n**3
 
 
-def peak_bytes(device: str, step: Callable[[], object]) -> int:
-    """The most memory ``step`` has allocated at once, above what was live when it started.
+def profile_step(device: str, step: Callable[[], object]) -> tuple[int, set[str]]:
+    """The most memory ``step`` allocates at once above what was live before it, and its ops.
 
     CUDA: the caching allocator's own peak counter. CPU, which has none: the profiler's
     memory events (each op's own allocations and frees), summed in time order.
@@ -208,17 +208,18 @@ def peak_bytes(device: str, step: Callable[[], object]) -> int:
         torch.cuda.synchronize()
         start = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        step()
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - start
     with quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                profile_memory=True) as profiler:
+                                                profile_memory=device == "cpu") as profiler:
         step()
+    events = profiler.events()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - start, {event.name for event in events}
     current = peak = 0
-    for event in sorted(profiler.events(), key=lambda e: e.time_range.start):
+    for event in sorted(events, key=lambda e: e.time_range.start):
         current += event.self_cpu_memory_usage
         peak = max(peak, current)
-    return peak
+    return peak, {event.name for event in events}
 
 
 @contextlib.contextmanager
@@ -235,12 +236,8 @@ def quiet_stderr():
         os.close(saved)
 
 
-def uses_torch_fast_path(step: Callable[[], object]) -> bool:
-    """Whether ``step`` ran nn.Transformer's fused inference kernels (its eval fast path)."""
-    fused = ("aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention")
-    with quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
-        step()
-    return any(event.name in fused for event in profiler.events())
+# the fused kernels of nn.Transformer's eval fast path: seeing them means the path was taken
+TORCH_FAST_PATH_OPS = {"aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention"}
 
 
 def model_bytes(model: nn.Module) -> int:
@@ -293,7 +290,7 @@ class Progress:
 
 
 def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tuple[int, int, int],
-              peak_flops: float, progress: Progress) -> dict:
+              progress: Progress) -> dict:
     batch_size, src_len, tgt_len = shape
     dtype = DTYPES[dtype_name]
     config = preset_config(args)
@@ -348,7 +345,11 @@ def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tup
             if args.compile and mode == "train":
                 row.compile_s = time.perf_counter() - started
 
+    # the matmul peak is measured in every round too, so it sees the same drift as the rows
+    peak_timer, peak_flop_count = matmul_peak_timer(device, dtype, args.threads)
+    peak_measurements = []
     for round_index in range(args.rounds):
+        peak_measurements.append(peak_timer.blocked_autorange(min_run_time=min(args.min_run_time, 0.5)))
         for mode in modes:
             progress(f"{where}: {mode}, round {round_index + 1}/{args.rounds}")
             for row in timed:
@@ -361,15 +362,17 @@ def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tup
                 continue
             row.model.train(mode == "train")
             try:
-                row.peak_mb[mode] = (model_bytes(row.model) + peak_bytes(device, row.steps[mode])) / 2**20
+                peak, ops = profile_step(device, row.steps[mode])
             except Exception as error:
                 row.cells[mode].error = describe(error)
                 release(row.model, device)
-        if not row.cells["forward"].error:
-            row.model.eval()
-            row.fast_path = uses_torch_fast_path(row.steps["forward"])
+                continue
+            row.peak_mb[mode] = (model_bytes(row.model) + peak) / 2**20
+            if mode == "forward":
+                row.fast_path = bool(ops & TORCH_FAST_PATH_OPS)
         row.model.zero_grad(set_to_none=True)
 
+    peak_flops = peak_flop_count / Measurement.merge(peak_measurements)[0].median
     results = [row_result(row, modes, config, shape, peak_flops, rows) for row in timed]
     for row in rows:  # free this block's models before the next block
         row.model.to("cpu")
@@ -689,11 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     blocks = []
     for device in args.devices:
         for dtype_name in args.dtype:
-            matmul_dtype = DTYPES[dtype_name]
-            progress(f"{device} {dtype_name}: matmul peak")
-            peak = matmul_peak(device, matmul_dtype, args.threads, min(args.min_run_time, 0.5))
             for shape in args.shapes:
-                blocks.append(run_block(args, device, dtype_name, shape, peak, progress))
+                blocks.append(run_block(args, device, dtype_name, shape, progress))
     text = render({"meta": meta, "blocks": blocks}, args.format)
     if args.output:
         with open(args.output, "w") as out:

@@ -52,6 +52,19 @@ def test_tiny_preset_agrees_with_torch_after_weight_transfer(tiny_report):
     assert reference["forward_vs_torch"] == pytest.approx(1.0)
 
 
+def test_torch_row_reports_its_eval_fast_path(tiny_report):
+    """nn.Transformer takes its fused eval kernels here (even heads, no autocast, no_grad)."""
+    fast_path = {row["variant"]: row["torch_fast_path"] for row in tiny_report["blocks"][0]["rows"]}
+    assert fast_path == {name: name == "torch" for name in VARIANTS}
+
+
+def test_torch_fast_path_can_be_turned_off():
+    done = run_compare(*FAST, "--variants", "torch", "--no-torch-fast-path", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["blocks"][0]["rows"]
+    assert row["torch_fast_path"] is False and row["forward_ms"] > 0
+
+
 def test_header_names_machine_and_settings(tiny_report):
     meta = tiny_report["meta"]
     assert meta["threads"] == 1
