@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from common.config import TransformerConfig
+from common.interface import EncoderDecoder
 from tests.helpers import small_config
 from variants import VARIANTS, build
 
@@ -29,7 +30,7 @@ def test_config_must_be_a_transformer_config():
 def test_interface_shapes(variant):
     config = small_config()
     model = build(variant, config, seed=0).eval()
-    assert model.config is config
+    assert isinstance(model, EncoderDecoder) and model.config is config
     src = torch.randint(1, config.src_vocab_size, (2, 6))
     tgt = torch.randint(1, config.tgt_vocab_size, (2, 4))
     with torch.no_grad():

@@ -18,11 +18,12 @@ from torch import Tensor, nn
 
 from common import checks
 from common.config import TransformerConfig
+from common.interface import EncoderDecoder
 from common.positions import sinusoid_table
 from common.weights import Param
 
 
-class Transformer(nn.Module):
+class Transformer(EncoderDecoder):
     """Embedding + sinusoids -> ``nn.Transformer`` (batch_first) -> Linear + log_softmax."""
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -92,17 +93,6 @@ class Transformer(nn.Module):
     def project(self, hidden: Tensor) -> Tensor:
         checks.check_hidden(self, hidden)
         return self.generator(hidden).log_softmax(dim=-1)
-
-    def forward(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-    ) -> Tensor:
-        checks.check_forward(self, src, tgt, src_mask, tgt_mask)  # all inputs, before encoding
-        memory = self.encode(src, src_mask)
-        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
 
     # nn.MultiheadAttention fuses W_q, W_k, W_v in in_proj_{weight,bias}: rows [0:D], [D:2D], [2D:3D]
     weight_map: ClassVar[dict[str, str | Param]] = {

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from common import checks
 from common.config import TransformerConfig
+from common.interface import EncoderDecoder
 from common.masks import decoder_mask, padding_mask
 from common.weights import Param
 from variants.einsum.decoder import Decoder
 from variants.einsum.encoder import Encoder
 
 
-class Transformer(nn.Module):
+class Transformer(EncoderDecoder):
     """Encoder and decoder: encode -> decode -> project."""
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -63,17 +64,6 @@ class Transformer(nn.Module):
     def project(self, hidden: Tensor) -> Tensor:
         checks.check_hidden(self, hidden)
         return self.decoder.generate(hidden)  # (B, T, V)
-
-    def forward(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-    ) -> Tensor:
-        checks.check_forward(self, src, tgt, src_mask, tgt_mask)  # a bad tgt fails before encoding
-        memory = self.encode(src, src_mask)
-        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
 
     # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's.
     # The decoder's cross-attention, feed-forward, norm2 and norm3 live in its TransformerBlock,

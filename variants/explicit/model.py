@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from common import checks
 from common.config import TransformerConfig
+from common.interface import EncoderDecoder
 from common.masks import mask_scores
 from common.positions import sinusoid_table
 from common.weights import Param
@@ -221,7 +222,7 @@ class ProjectionLayer(nn.Module):
         return torch.log_softmax(self.linear(x), dim=-1)  # (B, T, V)
 
 
-class Transformer(nn.Module):
+class Transformer(EncoderDecoder):
     """Embeddings, encoder, decoder and generator: encode -> decode -> project."""
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -254,17 +255,6 @@ class Transformer(nn.Module):
     def project(self, hidden: Tensor) -> Tensor:
         checks.check_hidden(self, hidden)
         return self.projection(hidden)  # (B, T, V)
-
-    def forward(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-    ) -> Tensor:
-        checks.check_forward(self, src, tgt, src_mask, tgt_mask)  # all inputs, before encoding
-        memory = self.encode(src, src_mask)
-        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
 
     # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's
     weight_map: ClassVar[dict[str, str | Param]] = {

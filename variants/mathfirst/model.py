@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from common import checks
 from common.config import TransformerConfig
+from common.interface import EncoderDecoder
 from common.weights import Param
 from variants.mathfirst.components import (
     LayerNorm,
@@ -138,7 +139,7 @@ _LAYER = "{stack}.layers.{i}"
 _ATTN = _LAYER + ".{attn}"  # self_attn in both stacks, cross_attn in the decoder
 
 
-class Transformer(nn.Module):
+class Transformer(EncoderDecoder):
     """Embed + positions -> encoder -> decoder -> generator: encode, decode, project."""
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -170,17 +171,6 @@ class Transformer(nn.Module):
     def project(self, hidden: Tensor) -> Tensor:
         checks.check_hidden(self, hidden)
         return self.generator(hidden)  # (B, T, V)
-
-    def forward(
-        self,
-        src: Tensor,
-        tgt: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
-    ) -> Tensor:
-        checks.check_forward(self, src, tgt, src_mask, tgt_mask)  # all of them, before encoding
-        memory = self.encode(src, src_mask)
-        return self.project(self.decode(tgt, memory, src_mask, tgt_mask))
 
     weight_map: ClassVar[dict[str, str | Param]] = {
         "src_embed.weight": "src_embedding.E",  # (V, D) in both
