@@ -525,6 +525,9 @@ def notes(meta: dict, block: dict) -> list[str]:
         lines.append(f"torch forward {used} nn.Transformer's fused eval fast path"
                      + ("" if reference["torch_fast_path"] else
                         " (disabled, or autocast/another condition turned it off)"))
+        if reference["torch_fast_path"] and meta["autocast"] and block["device"] == "cpu":
+            # its guard asks torch.is_autocast_enabled(), which only answers for CUDA
+            lines.append("  ...under CPU autocast too, where its fused kernels run in float32")
     lines.append(f"allocator: {meta['allocator']}")
     return lines
 
