@@ -46,7 +46,8 @@ class SelfAttention(nn.Module):
         keys = self.keys(keys).reshape(batch, key_len, self.heads, self.head_dim)  # (B, S, H, Dh)
         queries = self.queries(query).reshape(batch, query_len, self.heads, self.head_dim)  # (B, T, H, Dh)
 
-        energy = torch.einsum("nqhd,nkhd->nhqk", queries, keys) / self.scale  # (B, H, T, S)
+        # dividing the queries, not the (B, H, T, S) energy, scales T·Dh numbers instead of T·S
+        energy = torch.einsum("nqhd,nkhd->nhqk", queries / self.scale, keys)  # (B, H, T, S)
         attention = self.dropout(mask_scores(energy, mask).softmax(dim=3))  # (B, H, T, S)
         out = torch.einsum("nhql,nlhd->nqhd", attention, values)  # (B, T, H, Dh)
         return self.fc_out(out.reshape(batch, query_len, d_model))  # (B, T, D)

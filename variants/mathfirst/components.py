@@ -96,8 +96,9 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         mu = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
-        sigma2 = x.var(dim=-1, keepdim=True, unbiased=False)  # (B, S, 1)
-        return self.gamma * (x - mu) / torch.sqrt(sigma2 + self.eps) + self.beta  # (B, S, D)
+        deviation = x - mu  # (B, S, D)
+        sigma2 = deviation.square().mean(dim=-1, keepdim=True)  # (B, S, 1) biased variance
+        return self.gamma * deviation / torch.sqrt(sigma2 + self.eps) + self.beta  # (B, S, D)
 
 
 def attention_weights(Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -107,7 +108,8 @@ def attention_weights(Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tenso
     exactly 0 to a masked key (a fully masked row is uniform, see common.masks).
     """
     d_k = Q.shape[-1]
-    scores = einsum(Q, K, "... t k, ... s k -> ... t s") / math.sqrt(d_k)  # (B, H, T, S)
+    # (Q / √d_k) Kᵀ = Q Kᵀ / √d_k: scaling Q touches T·d_k numbers instead of T·S
+    scores = einsum(Q / math.sqrt(d_k), K, "... t k, ... s k -> ... t s")  # (B, H, T, S)
     return mask_scores(scores, mask).softmax(dim=-1)  # (B, H, T, S)
 
 
