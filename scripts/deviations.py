@@ -1,6 +1,6 @@
 """Measure what each source's departure from the one architecture does to the output.
 
-    python scripts/deviations.py            # Markdown table on stdout
+    python -m scripts.deviations            # Markdown table on stdout
 
 Each row starts from the same seeded model (the explicit variant, float64, eval) and applies one
 departure of a source text from DESIGN.md's architecture, then reports the largest

@@ -1,7 +1,7 @@
 """Follow one forward pass of a variant, module by module, with the shape each one returns.
 
-    python scripts/trace.py --variant einsum            # every module call, in call order
-    python scripts/trace.py --variant mathfirst --depth 3
+    python -m scripts.trace --variant einsum            # every module call, in call order
+    python -m scripts.trace --variant mathfirst --depth 3
 
 A reading aid: run it next to the variant's source to see which module runs when, and what it
 hands on. Shapes use the README's legend (B=2, S=5, T=4 by default, D=d_model, V=vocabulary).
