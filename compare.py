@@ -10,7 +10,7 @@ difference from ``torch`` after weight transfer, and greedy-decoding throughput.
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
 
-Method (docs/notes/compare.md has the full story):
+Method (the README's "compare.py and benchmarks" section has the full story):
 - one analytic FLOP count for every row (``forward_flops``; a train step counts 3x forward);
 - the variants are interleaved, ``--rounds`` times, so drift hits every row alike, and the
   rounds are merged into one measurement per cell;
