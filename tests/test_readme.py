@@ -82,3 +82,11 @@ def test_deviation_table_matches_the_script():
 @pytest.mark.slow
 def test_low_precision_table_matches_the_script():
     assert_readme_shows("low_precision", section("Numerics and errors"))
+
+
+def test_quick_start_runs_and_the_two_variants_agree():
+    code = section("Quick start").split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {"print": lambda *args: None}
+    exec(code, namespace)
+    assert namespace["a"].shape == (2, 7, 100)
+    assert (namespace["a"] - namespace["b"]).abs().max() < 1e-5
