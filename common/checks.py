@@ -58,10 +58,10 @@ def check_forward(
     src_mask: Tensor | None,
     tgt_mask: Tensor | None,
 ) -> None:
-    """The arguments of ``forward``, all of them before the encoder runs.
+    """The arguments of ``forward``, all of them once, before the encoder runs.
 
-    ``encode`` and ``decode`` check their own arguments again; this check exists so that a bad
-    ``tgt`` or ``tgt_mask`` is reported before the encoder has done any work.
+    ``forward`` then runs the stages unchecked: the memory it hands the decoder is the encoder's
+    own output, so only the arguments need checking, and each id tensor is read once.
     """
     config, device = model.config, model_device(model)
     check_same_batch(src, tgt)

@@ -61,3 +61,26 @@ def test_dropout_is_active_in_training_only(variant):
         assert not torch.equal(model(src, tgt), model(src, tgt))
         model.eval()
         assert torch.equal(model(src, tgt), model(src, tgt))
+
+
+class CountCalls(torch.overrides.TorchFunctionMode):
+    """Counts calls of one torch function."""
+
+    def __init__(self, function) -> None:
+        super().__init__()
+        self.function, self.count = function, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func is self.function
+        return func(*args, **(kwargs or {}))
+
+
+def test_forward_checks_each_id_tensor_once(variant):
+    """forward validates its inputs once: the stages it composes do not check them again."""
+    config = small_config()
+    model = build(variant, config, seed=0).eval()
+    src = torch.randint(1, config.src_vocab_size, (2, 6))
+    tgt = torch.randint(1, config.tgt_vocab_size, (2, 4))
+    with torch.no_grad(), CountCalls(torch.aminmax) as counter:
+        model(src, tgt)
+    assert counter.count == 2  # the id-range check of src and of tgt

@@ -16,7 +16,6 @@ from typing import ClassVar
 
 from torch import Tensor, nn
 
-from common import checks
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.positions import sinusoid_table
@@ -69,19 +68,13 @@ class Transformer(EncoderDecoder):
         full = mask.expand(batch, self.config.n_heads, q_len, k_len)  # (B, H, T_query, T_key)
         return ~full.reshape(batch * self.config.n_heads, q_len, k_len)
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        checks.check_source(self, src, src_mask)
+    def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         mask = self._to_torch_mask(src_mask, *src.shape, src.shape[1])
         return self.transformer.encoder(self._embed(self.src_embed, src), mask=mask)
 
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
+    def _decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
-        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
         (batch, tgt_len), src_len = tgt.shape, memory.shape[1]
         return self.transformer.decoder(
             self._embed(self.tgt_embed, tgt),
@@ -90,8 +83,7 @@ class Transformer(EncoderDecoder):
             memory_mask=self._to_torch_mask(src_mask, batch, tgt_len, src_len),
         )
 
-    def project(self, hidden: Tensor) -> Tensor:
-        checks.check_hidden(self, hidden)
+    def _project(self, hidden: Tensor) -> Tensor:
         return self.generator(hidden).log_softmax(dim=-1)
 
     # nn.MultiheadAttention fuses W_q, W_k, W_v in in_proj_{weight,bias}: rows [0:D], [D:2D], [2D:3D]

@@ -21,7 +21,6 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from common import checks
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.masks import decoder_mask, padding_mask
@@ -47,22 +46,15 @@ class Transformer(EncoderDecoder):
         """(B, T) target ids -> (B, 1, T, T): causal, and blind to target padding."""
         return decoder_mask(trg, self.config.pad_id)
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        checks.check_source(self, src, src_mask)
+    def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         return self.encoder(src, src_mask)  # (B, S, D)
 
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
+    def _decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
-        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
         return self.decoder(tgt, memory, src_mask, tgt_mask)  # (B, T, D)
 
-    def project(self, hidden: Tensor) -> Tensor:
-        checks.check_hidden(self, hidden)
+    def _project(self, hidden: Tensor) -> Tensor:
         return self.decoder.generate(hidden)  # (B, T, V)
 
     # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's.

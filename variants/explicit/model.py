@@ -18,7 +18,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from common import checks
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.masks import mask_scores
@@ -236,24 +235,17 @@ class Transformer(EncoderDecoder):
         self.decoder = Decoder(config)
         self.projection = ProjectionLayer(config)
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        checks.check_source(self, src, src_mask)
+    def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         x = self.src_pos(self.src_embed(src))  # (B, S, D)
         return self.encoder(x, src_mask)  # (B, S, D)
 
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
+    def _decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
-        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
         x = self.tgt_pos(self.tgt_embed(tgt))  # (B, T, D)
         return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
 
-    def project(self, hidden: Tensor) -> Tensor:
-        checks.check_hidden(self, hidden)
+    def _project(self, hidden: Tensor) -> Tensor:
         return self.projection(hidden)  # (B, T, V)
 
     # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's

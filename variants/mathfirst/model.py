@@ -18,7 +18,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from common import checks
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.weights import Param
@@ -152,24 +151,17 @@ class Transformer(EncoderDecoder):
         self.decoder = Decoder(config)
         self.generator = Generator(config)
 
-    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        checks.check_source(self, src, src_mask)
+    def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         x = self.positional_encoding(self.src_embedding(src))  # (B, S, D)
         return self.encoder(x, src_mask)  # (B, S, D)
 
-    def decode(
-        self,
-        tgt: Tensor,
-        memory: Tensor,
-        src_mask: Tensor | None = None,
-        tgt_mask: Tensor | None = None,
+    def _decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
-        checks.check_target(self, tgt, memory, src_mask, tgt_mask)
         x = self.positional_encoding(self.tgt_embedding(tgt))  # (B, T, D)
         return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
 
-    def project(self, hidden: Tensor) -> Tensor:
-        checks.check_hidden(self, hidden)
+    def _project(self, hidden: Tensor) -> Tensor:
         return self.generator(hidden)  # (B, T, V)
 
     weight_map: ClassVar[dict[str, str | Param]] = {
