@@ -11,6 +11,7 @@ import torch
 from tests.helpers import small_config
 from variants.mathfirst.components import (
     LayerNorm,
+    LayerNormFunction,
     MultiHeadAttention,
     PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
@@ -123,6 +124,27 @@ def test_layer_norm_puts_eps_inside_the_square_root():
     x = torch.tensor([1.0, -1.0], dtype=F64).repeat(config.d_model // 2)[None, None] * 0.1
     standardised = (norm(x) - norm.beta) / norm.gamma  # x has mean 0 and variance 0.01
     torch.testing.assert_close(standardised, x / math.sqrt(0.01 + 1e-2))
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 5)], ids=["2d", "3d"])
+def test_layer_norm_gradient_matches_finite_differences(shape):
+    """The hand-derived gradient (LayerNormFunction.backward) against central differences of the
+    forward, for x, gamma and beta, at any number of leading axes."""
+    config = small_config(d_model=shape[-1], n_heads=1, norm_eps=1e-5)
+    norm = randomize(LayerNorm(config))
+    x = torch.randn(shape, dtype=F64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, gamma, beta: LayerNormFunction.apply(x, gamma, beta, norm.eps),
+                                    (x, norm.gamma, norm.beta))
+
+
+def test_layer_norm_refuses_a_second_derivative():
+    """The derived gradient is not itself differentiable; a double backward must raise, not be wrong."""
+    config = small_config()
+    norm = randomize(LayerNorm(config))
+    x = torch.randn(2, 3, config.d_model, dtype=F64, requires_grad=True)
+    (grad_x,) = torch.autograd.grad(norm(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="marked with @once_differentiable"):
+        grad_x.sum().backward()
 
 
 # --- position-wise feed-forward (section 3.3) -----------------------------------------------

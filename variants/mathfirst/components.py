@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from common.config import TransformerConfig
 from common.masks import mask_scores
@@ -85,7 +86,9 @@ class SinusoidalPositionalEncoding(nn.Module):
 class LayerNorm(nn.Module):
     """LayerNorm(x) = γ ⊙ (x − μ) / √(σ² + ε) + β   (section 3.1; Ba et al., 2016).
 
-    μ and σ² are the mean and the biased variance of each position's D features.
+    μ and σ² are the mean and the biased variance of each position's D features. Its gradient
+    is derived by hand too (``LayerNormFunction``): autograd, differentiating the formula op by
+    op, takes about 1.4x as long on CPU (``benchmarks/test_layernorm.py``).
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -95,10 +98,39 @@ class LayerNorm(nn.Module):
         self.beta = nn.Parameter(torch.zeros(config.d_model))  # (D,)
 
     def forward(self, x: Tensor) -> Tensor:
+        return LayerNormFunction.apply(x, self.gamma, self.beta, self.eps)  # (B, S, D)
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """y = γ ⊙ x̂ + β with x̂ = (x − μ) · r and r = 1/√(σ² + ε); the gradient derived by hand.
+
+    For one position, with g = ∂L/∂y ⊙ γ and ⟨·⟩ the mean over its D features,
+
+        ∂L/∂x = r · (g − ⟨g⟩ − x̂ ⊙ ⟨g ⊙ x̂⟩)
+
+    (x̂ has mean 0 and mean square ≈ 1, so the two means remove what μ and σ² absorb: the parts
+    of g along the constant vector and along x̂). Over all positions, ∂L/∂γ = Σ ∂L/∂y ⊙ x̂ and
+    ∂L/∂β = Σ ∂L/∂y. ``tests/test_mathfirst_components.py`` checks it with ``gradcheck``.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
         mu = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
         deviation = x - mu  # (B, S, D)
         sigma2 = deviation.square().mean(dim=-1, keepdim=True)  # (B, S, 1) biased variance
-        return self.gamma * deviation / torch.sqrt(sigma2 + self.eps) + self.beta  # (B, S, D)
+        r = torch.rsqrt(sigma2 + eps)  # (B, S, 1)
+        x_hat = deviation * r  # (B, S, D)
+        ctx.save_for_backward(x_hat, r, gamma)
+        return gamma * x_hat + beta  # (B, S, D)
+
+    @staticmethod
+    @once_differentiable  # the derived gradient is not itself differentiable: say so, loudly
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        x_hat, r, gamma = ctx.saved_tensors
+        g = grad_y * gamma  # (B, S, D) ∂L/∂x̂
+        grad_x = r * (g - g.mean(dim=-1, keepdim=True) - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
+        positions = tuple(range(grad_y.dim() - 1))  # every axis but D
+        return grad_x, (grad_y * x_hat).sum(positions), grad_y.sum(positions), None
 
 
 def attention_weights(Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
