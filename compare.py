@@ -320,21 +320,29 @@ def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tup
     for row in timed:
         if row.variant in logps and REFERENCE in logps:
             row.max_abs_dlogp = (logps[row.variant] - logps[REFERENCE]).abs().max().item()
+    reference_logp = logps.get(REFERENCE)  # with --compile, the compiled forwards are checked too
     del logps
 
     modes = ["forward", "train"] + (["decode"] if args.decode_len > 1 else [])
+    if args.compile:  # the eager steps too, timed in the same rounds: the speed-up columns
+        modes += ["forward_eager", "train_eager"]
     for row in timed:
-        model = torch.compile(row.model) if args.compile else row.model
+        model = compiled(row.model, args.freeze) if args.compile else row.model
         row.steps = {"forward": forward_step(model, batch, autocast),
                      "train": train_step(model, batch, autocast),
-                     "decode": decode_step(row.model, batch, args.decode_len, autocast)}
+                     "decode": decode_step(row.model, batch, args.decode_len, autocast),
+                     "forward_eager": forward_step(row.model, batch, autocast),
+                     "train_eager": train_step(row.model, batch, autocast)}
+        progress(f"{where}: {row.variant}: " + ("compiling and warming up" if args.compile else "warming up"))
         started = time.perf_counter()
         for mode in modes:  # warm-up call; with --compile, this is where compiling happens
-            row.model.train(mode == "train")
+            row.model.train(is_training(mode))
             try:
                 result = row.steps[mode]()
                 if mode == "decode":
                     row.decode_positions = result.shape[0] * (result.shape[1] - 1)
+                if args.compile and mode == "forward" and reference_logp is not None:
+                    row.max_abs_dlogp = (result.float() - reference_logp).abs().max().item()
                 row.cells[mode] = Cell()
             except Exception as error:
                 row.cells[mode] = Cell(error=describe(error))
@@ -350,7 +358,7 @@ def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tup
     for round_index in range(args.rounds):
         peak_measurements.append(peak_timer.blocked_autorange(min_run_time=min(args.min_run_time, 0.5)))
         for mode in modes:
-            progress(f"{where}: {mode}, round {round_index + 1}/{args.rounds}")
+            progress(f"{where}: {mode.replace('_', ' ')}, round {round_index + 1}/{args.rounds}")
             for row in timed:
                 measure(row, mode, args, device, where)
 
@@ -372,6 +380,7 @@ def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tup
         row.model.zero_grad(set_to_none=True)
 
     peak_flops = peak_flop_count / Measurement.merge(peak_measurements)[0].median
+    del reference_logp
     results = [row_result(row, modes, config, shape, peak_flops, rows) for row in timed]
     for row in rows:  # free this block's models before the next block
         row.model.to("cpu")
@@ -380,12 +389,23 @@ def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tup
             "tgt_len": tgt_len, "matmul_peak_gflops": peak_flops / 1e9, "rows": results}
 
 
+def compiled(model: nn.Module, freeze: bool) -> nn.Module:
+    """``torch.compile(model)``; ``freeze`` adds inductor freezing, which only inference graphs
+    use: the weights are folded in as constants (on CPU prepacked for oneDNN's GEMMs), so the
+    compiled eval forward must not outlive a change to them. compare.py never changes them."""
+    return torch.compile(model, options={"freezing": True} if freeze else None)
+
+
+def is_training(mode: str) -> bool:
+    return mode.startswith("train")
+
+
 def measure(row: Row, mode: str, args: argparse.Namespace, device: str, where: str) -> None:
     """One more blocked_autorange of ``row``'s ``mode`` step, merged into what it has."""
     cell = row.cells[mode]
     if cell.error:
         return
-    row.model.train(mode == "train")
+    row.model.train(is_training(mode))
     step = row.steps[mode]
 
     def counted() -> None:
@@ -414,7 +434,7 @@ def row_result(row: Row, modes: list[str], config: TransformerConfig, shape: tup
     reference = next(r for r in rows if r.variant == REFERENCE)
     result: dict = {"variant": row.variant,
                     "params": sum(p.numel() for p in row.model.parameters())}
-    for mode in modes:
+    for mode in (m for m in modes if not m.endswith("_eager")):
         cell = row.cells[mode]
         result[f"{mode}_error"] = cell.error
         seconds = cell.measurement.median if cell.measurement else None
@@ -433,6 +453,10 @@ def row_result(row: Row, modes: list[str], config: TransformerConfig, shape: tup
         if mode == "train":
             result["train_tokens_per_s"] = batch_size * (src_len + tgt_len) / seconds if seconds else None
             result["train_page_faults_per_step"] = cell.page_faults / cell.calls if cell.calls else None
+    for mode in ("forward", "train"):  # with --compile: eager time / compiled time
+        eager, fast = row.cells.get(f"{mode}_eager"), row.cells[mode]
+        if eager and eager.measurement and fast.measurement:
+            result[f"{mode}_compile_speedup"] = eager.measurement.median / fast.measurement.median
     result["max_abs_dlogp"] = row.max_abs_dlogp
     result["dlogp_error"] = row.dlogp_error
     result["compile_s"] = row.compile_s
@@ -474,12 +498,15 @@ COLUMNS = [  # (title, key, format)
     ("max |Δ logp|", "max_abs_dlogp", "{:.1e}"),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
     ("compile s", "compile_s", "{:.1f}"),
+    ("fwd speed-up, compiled", "forward_compile_speedup", "{:.2f}x"),
+    ("train speed-up, compiled", "train_compile_speedup", "{:.2f}x"),
 ]
+COMPILE_COLUMNS = {"compile_s", "forward_compile_speedup", "train_compile_speedup"}
 
 
 def table_rows(block: dict, show_compile: bool, show_decode: bool) -> tuple[list[str], list[list[str]]]:
-    columns = [c for c in COLUMNS
-               if (show_compile or c[1] != "compile_s") and (show_decode or c[1] != "decode_tokens_per_s")]
+    columns = [c for c in COLUMNS if (show_compile or c[1] not in COMPILE_COLUMNS)
+               and (show_decode or c[1] != "decode_tokens_per_s")]
     lines = []
     for result in block["rows"]:
         line = []
@@ -503,6 +530,8 @@ def header_line(meta: dict, block: dict) -> str:
     device = block["device"]
     model = meta["gpu_model"] if device == "cuda" else meta["cpu_model"]
     precision_mode = f"{block['dtype']} (autocast)" if meta["autocast"] else block["dtype"]
+    if meta["compile"]:
+        precision_mode += " · torch.compile" + (" with freezing" if meta["freeze"] else "")
     return (f"{device}: {model} · {meta['threads']} threads · torch {meta['torch']} · "
             f"{precision_mode} · preset {meta['preset']} · batch {block['batch']} × src "
             f"{block['src_len']} × tgt {block['tgt_len']} · matmul peak "
@@ -607,7 +636,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="keep float32 weights and run under torch.autocast(dtype) instead")
     parser.add_argument("--dropout", type=probability, help="dropout (default: the config's 0.1)")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile each model; compile time gets its own column")
+                        help="torch.compile each model; compile time and the speed-up over eager "
+                             "(timed in the same rounds) get their own columns")
+    parser.add_argument("--freeze", action="store_true",
+                        help="with --compile: inductor freezing for the eval forward (weights folded "
+                             "in as constants; the CPU inference setting)")
     parser.add_argument("--variants", choices=VARIANTS, nargs="+", default=list(VARIANTS),
                         metavar="VARIANT", help=f"subset of {', '.join(VARIANTS)} (default all)")
     parser.add_argument("--threads", type=positive(int), default=torch.get_num_threads(),
@@ -652,6 +685,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available here "
                      f"(torch {torch.__version__}, cuda {torch.version.cuda})")
+    if args.freeze and not args.compile:
+        parser.error("--freeze is an option of --compile; give both")
     args.devices = ["cpu", "cuda"] if args.device == "all" else [args.device]
     if not torch.cuda.is_available():
         args.devices = [d for d in args.devices if d != "cuda"]
@@ -687,7 +722,8 @@ def main(argv: list[str] | None = None) -> int:
     config = preset_config(args)
     meta = {**machine(), "threads": args.threads, "torch": torch.__version__, "preset": args.preset,
             "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
-            "autocast": args.autocast, "compile": args.compile, "decode_len": args.decode_len,
+            "autocast": args.autocast, "compile": args.compile, "freeze": args.freeze,
+            "decode_len": args.decode_len,
             "rounds": args.rounds, "min_run_time": args.min_run_time, "allocator": allocator,
             "flops": "forward_flops (compare.py); train step = 3x forward",
             "command": " ".join(["compare.py", *(sys.argv[1:] if argv is None else argv)])}

@@ -107,6 +107,7 @@ def test_several_lengths_give_one_block_per_shape(tmp_path):
         (["--dropout", "1.5"], "--dropout"),
         (["--min-run-time", "0"], "--min-run-time"),
         (["--format", "nosuch"], "--format"),
+        (["--freeze"], "--freeze"),
     ],
 )
 def test_bad_option_exits_2_with_one_line(options, named, capsys):
@@ -117,6 +118,20 @@ def test_bad_option_exits_2_with_one_line(options, named, capsys):
     assert captured.out == ""
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("compare.py: error: ") and named in line
+
+
+@pytest.mark.slow
+def test_compile_reports_compile_time_and_speed_up_over_eager_of_a_correct_model():
+    """--compile --freeze on one variant: the compiled forward still agrees with the eager
+    reference, and the eager steps timed alongside give a speed-up for each mode."""
+    done = run_compare(*FAST, "--variants", "explicit", "--compile", "--freeze", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["meta"]["compile"] and report["meta"]["freeze"]
+    (row,) = report["blocks"][0]["rows"]
+    assert row["compile_s"] > 0
+    assert row["forward_compile_speedup"] > 0 and row["train_compile_speedup"] > 0
+    assert row["max_abs_dlogp"] < 1e-4
 
 
 def test_bad_option_from_the_shell_is_one_line_and_no_traceback():
