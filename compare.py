@@ -330,9 +330,10 @@ def run_block(args: argparse.Namespace, device: str, dtype_name: str, shape: tup
         model = compiled(row.model, args.freeze) if args.compile else row.model
         row.steps = {"forward": forward_step(model, batch, autocast),
                      "train": train_step(model, batch, autocast),
-                     "decode": decode_step(row.model, batch, args.decode_len, autocast),
-                     "forward_eager": forward_step(row.model, batch, autocast),
-                     "train_eager": train_step(row.model, batch, autocast)}
+                     "decode": decode_step(row.model, batch, args.decode_len, autocast)}
+        if args.compile:
+            row.steps["forward_eager"] = forward_step(row.model, batch, autocast)
+            row.steps["train_eager"] = train_step(row.model, batch, autocast)
         progress(f"{where}: {row.variant}: " + ("compiling and warming up" if args.compile else "warming up"))
         started = time.perf_counter()
         for mode in modes:  # warm-up call; with --compile, this is where compiling happens
