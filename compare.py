@@ -48,7 +48,7 @@ from torch import Tensor, nn
 from torch.utils.benchmark import Measurement, Timer
 
 from common.config import TransformerConfig
-from common.decoding import greedy_decode
+from seq2seq.decoding import greedy_decode
 from common.masks import decoder_mask, padding_mask
 from common.weights import transfer
 from variants import VARIANTS, build
@@ -159,7 +159,7 @@ def train_step(model: nn.Module, batch: Batch, autocast: Callable[[], contextlib
 
 def decode_step(model: nn.Module, batch: Batch, max_len: int,
                 autocast: Callable[[], contextlib.AbstractContextManager]) -> Callable[[], Tensor]:
-    """Greedy decoding of the batch's sources (``common.decoding.greedy_decode``)."""
+    """Greedy decoding of the batch's sources (``seq2seq.decoding.greedy_decode``)."""
     eos_id = model.config.tgt_vocab_size - 1
 
     def step() -> Tensor:

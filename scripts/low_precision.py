@@ -4,7 +4,7 @@
 
 The worst case, over post-/pre-norm, 2 and 6 layers and seeds 0-11, of the largest absolute
 difference between a model's log-probs in float32 and the same model cast with
-``model.to(dtype)`` or run under ``torch.autocast("cpu", dtype)``. ``tests/test_numerics.py``
+``model.to(dtype)`` or run under ``torch.autocast("cpu", dtype)``. ``tests/equivalence/test_numerics.py``
 bounds these at about twice the worst case (``LOW_PRECISION_ATOL``).
 """
 
@@ -17,7 +17,7 @@ import sys
 import torch
 
 from tests.helpers import make_batch, small_config
-from tests.test_numerics import LOW_PRECISION_ATOL
+from tests.equivalence.test_numerics import LOW_PRECISION_ATOL
 from variants import VARIANTS, build
 
 MODES = [("to", torch.bfloat16), ("autocast", torch.bfloat16),

@@ -1,4 +1,4 @@
-"""`python -m variants.mathfirst.pictures` writes real pictures, and says which extra it needs."""
+"""`python -m scripts.pictures` writes real pictures, and says which extra it needs."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from variants.mathfirst import pictures
+from scripts import pictures
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-COMMAND = [sys.executable, "-m", "variants.mathfirst.pictures"]
+COMMAND = [sys.executable, "-m", "scripts.pictures"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -1,6 +1,6 @@
 """Pictures of two components: the sinusoid table and one layer's attention weights.
 
-    python -m variants.mathfirst.pictures --out pictures/
+    python -m scripts.pictures --out pictures/
 
 writes ``positional_encoding.png`` (the (max_len, d_model) table as a heatmap, as in source 3)
 and ``attention_weights.png`` (encoder self-attention of one layer, one panel per head, for a
@@ -32,7 +32,7 @@ VOCAB_SIZE = 1000
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m variants.mathfirst.pictures", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m scripts.pictures", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for the PNGs (created if needed)")
     parser.add_argument("--d-model", type=int, default=128, help="model width D (default 128)")

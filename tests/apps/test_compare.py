@@ -14,7 +14,7 @@ from common.config import TransformerConfig
 from compare import forward_flops, make_batch, parse_args
 from variants import VARIANTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # one thread: the suite shares its cores with other processes, and OpenMP's second thread
 # then waits on a busy core at every op; a short run per cell keeps the test fast
 FAST = ["--preset", "tiny", "--rounds", "1", "--min-run-time", "0.02", "--threads", "1",

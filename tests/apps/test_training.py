@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common import tasks
+from seq2seq import tasks
 from common.config import TransformerConfig
-from common.train import (
+from seq2seq.train import (
     Recipe,
     exact_match_accuracy,
     learning_rate,

@@ -1,6 +1,6 @@
 """The paper's training recipe (section 5.3-5.4) for any variant, and a command line to run it.
 
-    python -m common.train --variant explicit --task reverse --steps 300
+    python -m seq2seq.train --variant explicit --task reverse --steps 300
 
 Recipe: Adam(beta1=0.9, beta2=0.98, eps=1e-9); learning rate
 ``factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` (linear warm-up, then inverse
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from common import tasks
+from seq2seq import tasks
 from common.config import TransformerConfig
-from common.decoding import greedy_decode
+from seq2seq.decoding import greedy_decode
 from common.masks import decoder_mask, padding_mask
 
 
@@ -238,7 +238,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from variants import VARIANTS  # the CLI picks a variant; the library above needs none
 
     parser = argparse.ArgumentParser(
-        prog="python -m common.train",
+        prog="python -m seq2seq.train",
         description="Train one variant on a synthetic task with the paper's recipe, then report "
                     "held-out exact-sequence accuracy of greedy decoding.",
     )

@@ -1,0 +1,51 @@
+"""What every command line here shares: one-line usage errors, one positive-number type, and
+turning the config's own validation into a usage error.
+
+    parser = Parser(prog="python -m seq2seq.train")
+    parser.add_argument("--steps", type=positive(int), default=300)
+    config = config_or_exit(parser, d_model=args.d_model, n_heads=args.heads)
+
+``TransformerConfig`` is the one validator of model settings: a CLI passes the user's values
+through it and reports its ``ValueError`` as ``prog: error: ...`` with exit status 2, instead of
+repeating its range checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import NoReturn
+
+from common.config import TransformerConfig
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a bad option is one line on stderr (exit status 2), not the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """An argparse ``type`` for a number of ``kind`` that must be > 0."""
+
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+def config_or_exit(parser: argparse.ArgumentParser, base: TransformerConfig | None = None,
+                   **fields) -> TransformerConfig:
+    """``TransformerConfig(**fields)`` (or ``base.replace(**fields)``); a bad value is a usage error."""
+    try:
+        return base.replace(**fields) if base is not None else TransformerConfig(**fields)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
