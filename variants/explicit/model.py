@@ -1,7 +1,9 @@
 """The Transformer written out module by module, in the style of source 1.
 
 Every module takes the one ``TransformerConfig``; attention projects with ``nn.Linear`` and
-splits heads with ``.view``/``.transpose``; ``ResidualConnection`` holds the pre/post-norm toggle.
+splits heads with ``.view``/``.transpose``; ``ResidualConnection`` holds the pre/post-norm toggle
+and runs whatever sublayer it is handed, so each block passes its sublayers as call-site lambdas
+that say what attends to what.
 
 Shape legend:
     B  batch            S  source length     T  target length (or the query length)
@@ -61,12 +63,12 @@ class LayerNormalization(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.d_model))  # (D,) learned shift
 
     def forward(self, x: Tensor) -> Tensor:
+        # the source divides by (std + eps) with the unbiased std; DESIGN.md's LayerNorm is
+        # nn.LayerNorm's: the biased variance (the mean of squares), eps inside the square root
         mean = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
         centered = x - mean  # (B, S, D)
-        # biased variance as the mean of squares: torch.var's kernel is ~3x slower on CPU
         var = centered.square().mean(dim=-1, keepdim=True)  # (B, S, 1)
-        # times 1/sqrt rather than divided by sqrt: autograd's derivative of a division costs more
-        return self.alpha * (centered * torch.rsqrt(var + self.eps)) + self.bias
+        return self.alpha * (centered * torch.rsqrt(var + self.eps)) + self.bias  # (B, S, D)
 
 
 class FeedForward(nn.Module):
@@ -122,6 +124,9 @@ class ResidualConnection(nn.Module):
 
     post-norm (the paper):  norm(x + dropout(sublayer(x)))
     pre-norm:               x + dropout(sublayer(norm(x)))
+
+    ``sublayer`` takes the one tensor this connection hands it (x, or norm(x) in pre-norm);
+    anything else it reads, such as a mask or the encoder output, the caller's lambda closes over.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -130,10 +135,10 @@ class ResidualConnection(nn.Module):
         self.norm = LayerNormalization(config)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, sublayer: Callable[..., Tensor], *args: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         if self.norm_first:
-            return x + self.dropout(sublayer(self.norm(x), *args))
-        return self.norm(x + self.dropout(sublayer(x, *args)))
+            return x + self.dropout(sublayer(self.norm(x)))  # (B, S, D)
+        return self.norm(x + self.dropout(sublayer(x)))  # (B, S, D)
 
 
 class EncoderBlock(nn.Module):
@@ -147,11 +152,9 @@ class EncoderBlock(nn.Module):
         self.feed_forward_residual = ResidualConnection(config)
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
-        x = self.self_attn_residual(x, self._self_attention, src_mask)
-        return self.feed_forward_residual(x, self.feed_forward)
-
-    def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        return self.self_attn(x, x, x, mask)  # Q = K = V = x
+        # self-attention: Q = K = V = x, the encoder attends to itself
+        x = self.self_attn_residual(x, lambda x: self.self_attn(x, x, x, src_mask))
+        return self.feed_forward_residual(x, self.feed_forward)  # (B, S, D)
 
 
 class Encoder(nn.Module):
@@ -183,16 +186,12 @@ class DecoderBlock(nn.Module):
     def forward(
         self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
-        x = self.self_attn_residual(x, self._self_attention, tgt_mask)
-        x = self.cross_attn_residual(x, self._cross_attention, memory, src_mask)
-        return self.feed_forward_residual(x, self.feed_forward)
-
-    def _self_attention(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        return self.self_attn(x, x, x, mask)  # Q = K = V = x
-
-    def _cross_attention(self, x: Tensor, memory: Tensor, mask: Tensor | None) -> Tensor:
-        # Q from the decoder, K = V = the encoder output; pre-norm normalised only x
-        return self.cross_attn(x, memory, memory, mask)
+        # masked self-attention: Q = K = V = x, each position sees itself and earlier ones
+        x = self.self_attn_residual(x, lambda x: self.self_attn(x, x, x, tgt_mask))
+        # cross-attention: Q from the decoder, K = V = the encoder output; the residual
+        # normalises only the x it hands the lambda, so pre-norm never normalises the memory
+        x = self.cross_attn_residual(x, lambda x: self.cross_attn(x, memory, memory, src_mask))
+        return self.feed_forward_residual(x, self.feed_forward)  # (B, T, D)
 
 
 class Decoder(nn.Module):
