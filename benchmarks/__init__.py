@@ -1,0 +1,27 @@
+"""The measuring library behind ``python compare.py`` and the pytest-benchmark files beside it.
+
+One job per module, in the order a run uses them:
+
+    workload   the presets, shapes and dtypes, and the FLOP count every row shares
+    steps      the timed steps (forward, forward + backward, greedy decoding) and autocast
+    settings   ``Settings``: everything one run is asked to do, frozen
+    measured   what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
+    timing     ``torch.utils.benchmark`` timers for the steps and the matmul peak
+    memory     the allocator policy and each step's peak memory
+    failures   telling an out-of-memory apart, and recovering from a failed step
+    report     measured rows -> the report (a dict, also the JSON output)
+    render     the report as tables (tabulate), JSON or CSV
+    run        ``run(settings) -> report``: the phases of a run, by name
+
+Method:
+- one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);
+- the variants are interleaved, ``Settings.rounds`` times, so drift hits every row alike, and
+  the rounds are merged into one measurement per cell;
+- the thread count is fixed (``Settings.threads``) and reported; CUDA is synchronised by the
+  Timer;
+- peak memory: CUDA ``max_memory_allocated`` over the step; CPU the peak of the bytes the
+  step allocates (``torch.profiler`` memory events, in time order); both plus the model's own
+  parameters and buffers;
+- glibc is told to keep freed memory for reuse (``memory.keep_freed_memory``), because
+  returning large buffers to the OS makes every step page-fault them back in.
+"""

@@ -1,0 +1,39 @@
+"""A failed step (an out-of-memory above all) is reported in its cell and the run goes on."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+from torch import nn
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is PyTorch's or the C library's way of saying memory ran out."""
+    message = str(error).lower()
+    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+        isinstance(error, RuntimeError)
+        and ("out of memory" in message or "can't allocate memory" in message))
+
+
+def describe(error: BaseException) -> str:
+    """"OOM", or the error's type and the start of its first line."""
+    if is_out_of_memory(error):
+        return "OOM"
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first_line[:160]}"
+
+
+def release(model: nn.Module | None, device: str) -> None:
+    """Drop the model's gradients and the allocator's cached blocks, so the rest can run."""
+    if model is not None:
+        model.zero_grad(set_to_none=True)
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def recover(error: BaseException, model: nn.Module, device: str) -> str:
+    """After ``model``'s step raised ``error``: free what it held and say what went wrong."""
+    release(model, device)
+    return describe(error)

@@ -1,0 +1,40 @@
+"""What a block measures: a ``Cell`` per (variant, mode), a ``Row`` per variant."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import nn
+from torch.utils.benchmark import Measurement
+
+
+@dataclass
+class Cell:
+    """What one (variant, mode) measured, or why it could not."""
+
+    measurement: Measurement | None = None  # the rounds merged so far
+    error: str | None = None  # "OOM" or a short description; the cell is then skipped
+    calls: int = 0  # step calls timed, to average the page faults over
+    page_faults: int = 0  # minor page faults while timing
+
+    @property
+    def seconds(self) -> float | None:
+        """The median time of one step, once measured."""
+        return self.measurement.median if self.measurement else None
+
+
+@dataclass
+class Row:
+    """One variant in one block: its model, its steps and what they measured."""
+
+    variant: str
+    model: nn.Module
+    cells: dict[str, Cell] = field(default_factory=dict)  # mode -> what it measured
+    steps: dict[str, Callable[[], object]] = field(default_factory=dict)  # mode -> the timed call
+    compile_s: float | None = None  # warm-up time of the compiled steps
+    max_abs_dlogp: float | None = None  # largest |log-prob difference| from the reference
+    dlogp_error: str | None = None  # why the eval forward for the log-prob check failed
+    peak_mb: dict[str, float] = field(default_factory=dict)  # mode -> weights + step's peak
+    fast_path: bool = False  # whether the forward ran nn.Transformer's fused eval kernels
+    decode_positions: int = 0  # target ids one greedy decode produces (BOS excluded)

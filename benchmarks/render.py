@@ -1,0 +1,120 @@
+"""The report as text: one table per block (any tabulate style), or JSON, or CSV."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+from tabulate import tabulate, tabulate_formats
+
+from benchmarks.workload import REFERENCE
+
+FORMATS = (*tabulate_formats, "json", "csv")
+
+COLUMNS = [  # (title, report key, format; None = a time with its spread)
+    ("variant", "variant", "{}"),
+    ("params M", "params", lambda v: f"{v / 1e6:.2f}"),
+    ("fwd ms (IQR)", "forward_ms", None),
+    ("train ms (IQR)", "train_ms", None),
+    ("train tok/s", "train_tokens_per_s", "{:,.0f}"),
+    ("fwd GFLOP/s", "forward_gflops", "{:.0f}"),
+    ("train GFLOP/s", "train_gflops", "{:.0f}"),
+    ("fwd % peak", "forward_pct_peak", "{:.0f}%"),
+    ("train % peak", "train_pct_peak", "{:.0f}%"),
+    ("train peak MB", "train_peak_mb", "{:,.0f}"),
+    ("fwd vs torch", "forward_vs_torch", "{:.2f}x"),
+    ("train vs torch", "train_vs_torch", "{:.2f}x"),
+    ("max |Δ logp|", "max_abs_dlogp", "{:.1e}"),
+    ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
+    ("compile s", "compile_s", "{:.1f}"),
+    ("fwd speed-up, compiled", "forward_compile_speedup", "{:.2f}x"),
+    ("train speed-up, compiled", "train_compile_speedup", "{:.2f}x"),
+]
+COMPILE_COLUMNS = {"compile_s", "forward_compile_speedup", "train_compile_speedup"}
+TIMED_COLUMNS = ("forward_ms", "train_ms", "decode_tokens_per_s")  # "OOM" or "error" on failure
+
+
+def render(report: dict, fmt: str) -> str:
+    """The whole report in ``fmt``: "json", "csv" or a tabulate style (one table per block)."""
+    if fmt == "json":
+        return json.dumps(report, indent=2)
+    if fmt == "csv":
+        return as_csv(report)
+    meta = report["meta"]
+    parts = []
+    for block in report["blocks"]:
+        headers, lines = table_rows(block, meta["compile"], meta["decode_len"] > 1)
+        parts.append("\n".join([header_line(meta, block),
+                                tabulate(lines, headers, tablefmt=fmt, disable_numparse=True),
+                                *(f"  {note}" for note in notes(meta, block))]))
+    return "\n\n".join(parts) + "\n"
+
+
+def as_csv(report: dict) -> str:
+    """A line per (block, variant): the block's keys, then the row's."""
+    block_keys = ("device", "dtype", "batch", "src_len", "tgt_len")
+    records = [{**{k: b[k] for k in block_keys}, **r} for b in report["blocks"] for r in b["rows"]]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(records[0]) if records else list(block_keys))
+    writer.writeheader()
+    writer.writerows(records)
+    return buffer.getvalue()
+
+
+def table_rows(block: dict, show_compile: bool, show_decode: bool) -> tuple[list[str], list[list[str]]]:
+    """The column titles and a line of formatted cells per row of ``block``."""
+    columns = [c for c in COLUMNS if (show_compile or c[1] not in COMPILE_COLUMNS)
+               and (show_decode or c[1] != "decode_tokens_per_s")]
+    return [c[0] for c in columns], [[cell(result, key, fmt) for _, key, fmt in columns]
+                                     for result in block["rows"]]
+
+
+def cell(result: dict, key: str, fmt) -> str:
+    """One formatted cell: "OOM"/"error" for a failed step, "-" for nothing measured."""
+    mode = next((m for m in ("forward", "train", "decode") if key.startswith(m)), None)
+    error = result.get(f"{mode}_error") if mode else None
+    value = result.get(key)
+    if error and key in TIMED_COLUMNS:
+        return "OOM" if error == "OOM" else "error"
+    if value is None:
+        return "-"
+    if fmt is None:
+        return f"{value:.1f} ({result[key.replace('_ms', '_iqr_ms')]:.1f})"
+    return fmt(value) if callable(fmt) else fmt.format(value)
+
+
+def header_line(meta: dict, block: dict) -> str:
+    """The line above a table: machine, threads, torch, precision, preset, shape, matmul peak."""
+    device = block["device"]
+    model = meta["gpu_model"] if device == "cuda" else meta["cpu_model"]
+    precision_mode = f"{block['dtype']} (autocast)" if meta["autocast"] else block["dtype"]
+    if meta["compile"]:
+        precision_mode += " · torch.compile" + (" with freezing" if meta["freeze"] else "")
+    return (f"{device}: {model} · {meta['threads']} threads · torch {meta['torch']} · "
+            f"{precision_mode} · preset {meta['preset']} · batch {block['batch']} × src "
+            f"{block['src_len']} × tgt {block['tgt_len']} · matmul peak "
+            f"{block['matmul_peak_gflops']:,.0f} GFLOP/s")
+
+
+def notes(meta: dict, block: dict) -> list[str]:
+    """The lines under a table: failures, the torch fast path, the allocator policy."""
+    lines = []
+    for result in block["rows"]:
+        for mode in ("forward", "train", "decode"):
+            error = result.get(f"{mode}_error")
+            if error and error != "OOM":
+                lines.append(f"{result['variant']} {mode}: {error}")
+        if result["dlogp_error"]:
+            lines.append(f"{result['variant']} log-prob check: {result['dlogp_error']}")
+    reference = next((r for r in block["rows"] if r["variant"] == REFERENCE), None)
+    if reference is not None:
+        used = "uses" if reference["torch_fast_path"] else "does not use"
+        lines.append(f"torch forward {used} nn.Transformer's fused eval fast path"
+                     + ("" if reference["torch_fast_path"] else
+                        " (disabled, or autocast/another condition turned it off)"))
+        if reference["torch_fast_path"] and meta["autocast"] and block["device"] == "cpu":
+            # its guard asks torch.is_autocast_enabled(), which only answers for CUDA
+            lines.append("  ...under CPU autocast too, where its fused kernels run in float32")
+    lines.append(f"allocator: {meta['allocator']}")
+    return lines

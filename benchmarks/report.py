@@ -1,0 +1,93 @@
+"""The report: what a run measured as plain data (a dict, which is also the JSON output).
+
+    {"meta": {machine, settings, command}, "blocks": [{device, dtype, shape, matmul peak,
+     "rows": [{variant, times, rates, peak memory, ratios to the reference, ...}]}]}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import platform
+
+import torch
+
+from benchmarks.measured import Cell, Row
+from benchmarks.settings import Settings
+from benchmarks.workload import Shape, forward_flops, train_flops
+
+
+def machine() -> dict:
+    """The CPU's and GPU's model names and the CPU count."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
+        cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+                   cpu)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu_model": cpu, "gpu_model": gpu, "nproc": os.cpu_count()}
+
+
+def meta(settings: Settings, allocator: str) -> dict:
+    """The report's header: the machine, the settings, the allocator policy and the command."""
+    s = settings
+    return {**machine(), "threads": s.threads, "torch": torch.__version__, "preset": s.preset,
+            "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,
+            "freeze": s.freeze, "decode_len": s.decode_len, "rounds": s.rounds,
+            "min_run_time": s.min_run_time, "allocator": allocator,
+            "flops": "forward_flops (benchmarks/workload.py); train step = 3x forward",
+            "command": s.command}
+
+
+def block_result(device: str, dtype_name: str, shape: Shape, peak_flops: float, rows: list[dict]
+                 ) -> dict:
+    """One block: where and what it ran, its matmul peak, and a result per timed row."""
+    return {"device": device, "dtype": dtype_name, "batch": shape.batch, "src_len": shape.src_len,
+            "tgt_len": shape.tgt_len, "matmul_peak_gflops": peak_flops / 1e9, "rows": rows}
+
+
+def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, reference: Row) -> dict:
+    """One variant's columns: per mode its error, time, rates, peak memory and ratio to the
+    reference; then the correctness check, compile time and whether the torch fast path ran."""
+    flops = {"forward": forward_flops(settings.config, *shape),
+             "train": train_flops(settings.config, *shape)}
+    result: dict = {"variant": row.variant, "params": sum(p.numel() for p in row.model.parameters())}
+    for mode in (m for m in settings.modes if not m.endswith("_eager")):
+        cell = row.cells[mode]
+        result[f"{mode}_error"] = cell.error
+        if mode == "decode":
+            result["decode_tokens_per_s"] = ratio(row.decode_positions, cell.seconds)
+            continue
+        result.update(speed(mode, cell, flops[mode], peak_flops))
+        result[f"{mode}_peak_mb"] = row.peak_mb.get(mode)
+        result[f"{mode}_vs_torch"] = ratio(cell.seconds, seconds_of(reference, mode))
+        if mode == "train":
+            result["train_tokens_per_s"] = ratio(shape.batch * (shape.src_len + shape.tgt_len),
+                                                 cell.seconds)
+            result["train_page_faults_per_step"] = ratio(cell.page_faults, cell.calls)
+    for mode in ("forward", "train"):  # with compile: eager time / compiled time
+        speedup = ratio(seconds_of(row, f"{mode}_eager"), row.cells[mode].seconds)
+        if speedup is not None:
+            result[f"{mode}_compile_speedup"] = speedup
+    return {**result, "max_abs_dlogp": row.max_abs_dlogp, "dlogp_error": row.dlogp_error,
+            "compile_s": row.compile_s, "torch_fast_path": row.fast_path}
+
+
+def speed(mode: str, cell: Cell, flops: int, peak_flops: float) -> dict:
+    """A timed mode's median and IQR in ms, its GFLOP/s and its share of the matmul peak."""
+    seconds = cell.seconds
+    if not seconds:
+        return dict.fromkeys((f"{mode}_ms", f"{mode}_iqr_ms", f"{mode}_gflops", f"{mode}_pct_peak"))
+    return {f"{mode}_ms": seconds * 1e3, f"{mode}_iqr_ms": cell.measurement.iqr * 1e3,
+            f"{mode}_gflops": flops / seconds / 1e9, f"{mode}_pct_peak": 100 * flops / seconds / peak_flops}
+
+
+def seconds_of(row: Row, mode: str) -> float | None:
+    """The median step time of ``row``'s ``mode``, if it has one."""
+    cell = row.cells.get(mode)
+    return cell.seconds if cell else None
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``, or None when either is missing or the denominator is zero."""
+    return numerator / denominator if numerator is not None and denominator else None

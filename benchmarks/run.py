@@ -1,0 +1,234 @@
+"""``run(settings) -> report``: every variant side by side, block by block, phase by phase.
+
+    report = run(Settings(config, shapes=(Shape(8, 64, 64),), show_progress=False))
+    print(render(report, "github"))
+
+Each block (a device, a dtype, a shape) builds a row per variant with the reference's weights,
+checks their log-probs against the reference, warms every step up, times the steps in
+interleaved rounds beside the matmul peak, then measures each step's peak memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from benchmarks.failures import recover, release
+from benchmarks.measured import Cell, Row
+from benchmarks.memory import keep_freed_memory, model_bytes, profile_step
+from benchmarks.report import block_result, meta, row_result
+from benchmarks.settings import Settings
+from benchmarks.steps import (
+    TORCH_FAST_PATH_OPS,
+    Autocast,
+    autocast_region,
+    compiled,
+    decode_step,
+    forward_backward,
+    forward_step,
+    is_training,
+)
+from benchmarks.timing import MatmulPeak, time_step
+from benchmarks.workload import DTYPES, REFERENCE, Shape
+from common.batches import Batch, random_batch
+from common.weights import transfer
+from variants import build
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block's work: where it runs, in what precision, on which batch."""
+
+    device: str  # "cpu" or "cuda"
+    dtype_name: str  # a key of workload.DTYPES
+    shape: Shape  # the batch's shape
+    batch: Batch  # the padded batch every row runs on
+    autocast: Autocast  # the precision region every step runs in
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The torch dtype of ``dtype_name``."""
+        return DTYPES[self.dtype_name]
+
+    @property
+    def where(self) -> str:
+        """The block as the progress bar and the timers name it."""
+        return f"{self.device} {self.dtype_name} B={self.shape.batch} S={self.shape.src_len} " \
+               f"T={self.shape.tgt_len}"
+
+
+def run(settings: Settings) -> dict:
+    """Measure every (device, dtype, shape) block of ``settings``; return the report."""
+    plan = list(itertools.product(settings.devices, settings.dtypes, settings.shapes))
+    phases_per_block = 2 + len(settings.variants) + settings.rounds * len(settings.modes)
+    with configured_process(settings) as allocator, \
+            tqdm(total=len(plan) * phases_per_block, disable=not settings.show_progress,
+                 unit="phase", dynamic_ncols=True) as bar:
+        blocks = [run_block(settings, device, dtype_name, shape, bar) for device, dtype_name, shape in plan]
+    return {"meta": meta(settings, allocator), "blocks": blocks}
+
+
+def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, bar: tqdm) -> dict:
+    """One block, in its phases: build, check, warm up, time, measure memory, report."""
+    batch = random_batch(settings.config, *shape, seed=settings.seed, device=device)
+    autocast = autocast_region(device, DTYPES[dtype_name], settings.autocast)
+    block = Block(device, dtype_name, shape, batch, autocast)
+    rows = build_rows(settings, block)
+    timed = [row for row in rows if row.variant in settings.variants]
+    with phase(bar, f"{block.where}: log-probs against {REFERENCE}"):
+        reference_logp = check_log_probs(rows, block)
+    for row in timed:
+        with phase(bar, f"{block.where}: {row.variant}: "
+                        + ("compiling and warming up" if settings.compile else "warming up")):
+            warm_up(row, settings, block, reference_logp)
+    del reference_logp
+    peak_flops = time_rounds(timed, settings, block, bar)
+    with phase(bar, f"{block.where}: peak memory"):
+        measure_memory(timed, block)
+    reference = next(row for row in rows if row.variant == REFERENCE)
+    results = [row_result(row, settings, shape, peak_flops, reference) for row in timed]
+    for row in rows:  # free this block's models before the next block
+        row.model.to("cpu")
+    release(None, device)
+    return block_result(device, dtype_name, shape, peak_flops, results)
+
+
+@contextlib.contextmanager
+def configured_process(settings: Settings) -> Iterator[str]:
+    """Threads, the torch fast path and the allocator as ``settings`` ask, for the whole run;
+    yields the allocator's description. Threads and fast path are restored afterwards."""
+    allocator = keep_freed_memory() if settings.keep_freed_memory else "glibc default (--malloc default)"
+    threads, fast_path = torch.get_num_threads(), torch.backends.mha.get_fastpath_enabled()
+    torch.set_num_threads(settings.threads)
+    torch.backends.mha.set_fastpath_enabled(settings.torch_fast_path)
+    try:
+        yield allocator
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+
+
+@contextlib.contextmanager
+def phase(bar: tqdm, description: str) -> Iterator[None]:
+    """Show ``description`` on the progress bar while the phase runs; count it when it ends."""
+    bar.set_description_str(description)
+    yield
+    bar.update()
+
+
+def build_rows(settings: Settings, block: Block) -> list[Row]:
+    """A row per timed variant, plus the reference: every model holds the reference's weights."""
+    reference = build(REFERENCE, settings.config, seed=settings.seed)
+    names = (*settings.variants, *([REFERENCE] if REFERENCE not in settings.variants else []))
+    rows = []
+    for name in names:
+        model = reference if name == REFERENCE else build(name, settings.config)
+        if model is not reference:
+            transfer(reference, model)
+        model.to(device=block.device, dtype=torch.float32 if settings.autocast else block.dtype)
+        rows.append(Row(name, model, cells={mode: Cell() for mode in settings.modes}))
+    return rows
+
+
+def check_log_probs(rows: list[Row], block: Block) -> Tensor | None:
+    """Correctness next to speed: each row's eval log-probs against the reference's, which are
+    returned (to check compiled forwards too), or None if the reference failed."""
+    logps = {}
+    for row in rows:
+        row.model.eval()
+        try:
+            logps[row.variant] = forward_step(row.model, block.batch, block.autocast)().float()
+        except Exception as error:  # reported in the row; the run goes on
+            row.dlogp_error = recover(error, row.model, block.device)
+    reference = logps.get(REFERENCE)
+    for row in rows:
+        if row.variant in logps and reference is not None:
+            row.max_abs_dlogp = (logps[row.variant] - reference).abs().max().item()
+    return reference
+
+
+def warm_up(row: Row, settings: Settings, block: Block, reference_logp: Tensor | None) -> None:
+    """Build the row's steps and call each once; with compile, this is where compiling happens."""
+    row.steps = steps_for(row, settings, block)
+    started = time.perf_counter()
+    for mode in settings.modes:
+        row.model.train(is_training(mode))
+        try:
+            result = row.steps[mode]()
+            if mode == "decode":
+                row.decode_positions = result.shape[0] * (result.shape[1] - 1)
+            if settings.compile and mode == "forward" and reference_logp is not None:
+                row.max_abs_dlogp = (result.float() - reference_logp).abs().max().item()
+        except Exception as error:
+            row.cells[mode].error = recover(error, row.model, block.device)
+        if mode == "train" and block.device == "cuda":
+            torch.cuda.synchronize()
+        if settings.compile and mode == "train":
+            row.compile_s = time.perf_counter() - started
+
+
+def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[[], object]]:
+    """The row's timed calls by mode; with compile, forward and train run the compiled model and
+    the eager ones are kept beside them."""
+    model = compiled(row.model, settings.freeze) if settings.compile else row.model
+    batch, autocast = block.batch, block.autocast
+    steps = {"forward": forward_step(model, batch, autocast),
+             "train": forward_backward(model, batch, autocast),
+             "decode": decode_step(row.model, batch, settings.decode_len, autocast)}
+    if settings.compile:
+        steps |= {"forward_eager": forward_step(row.model, batch, autocast),
+                  "train_eager": forward_backward(row.model, batch, autocast)}
+    return steps
+
+
+def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -> float:
+    """Interleaved rounds: the matmul peak, then each mode for every row in turn, so drift hits
+    every row alike. Returns the matmul peak in FLOP/s."""
+    peak = MatmulPeak(block.device, block.dtype, settings.threads)
+    for round_index in range(settings.rounds):
+        peak.measure(settings.min_run_time)
+        for mode in settings.modes:
+            with phase(bar, f"{block.where}: {mode.replace('_', ' ')}, "
+                            f"round {round_index + 1}/{settings.rounds}"):
+                for row in timed:
+                    time_cell(row, mode, settings, block)
+    return peak.flops_per_second()
+
+
+def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:
+    """One more timing of ``row``'s ``mode``, unless it has already failed."""
+    cell = row.cells[mode]
+    if cell.error:
+        return
+    row.model.train(is_training(mode))
+    try:
+        time_step(cell, row.steps[mode], threads=settings.threads, min_run_time=settings.min_run_time,
+                  label=block.where, sub_label=mode, description=row.variant)
+    except Exception as error:
+        cell.error = recover(error, row.model, block.device)
+
+
+def measure_memory(timed: list[Row], block: Block) -> None:
+    """Each row's weights plus the most its forward and train step hold at once; the forward's
+    profile also shows whether nn.Transformer's fused fast path ran."""
+    for row in timed:
+        for mode in ("forward", "train"):
+            if row.cells[mode].error:
+                continue
+            row.model.train(mode == "train")
+            try:
+                peak, ops = profile_step(block.device, row.steps[mode])
+            except Exception as error:
+                row.cells[mode].error = recover(error, row.model, block.device)
+                continue
+            row.peak_mb[mode] = (model_bytes(row.model) + peak) / 2**20
+            if mode == "forward":
+                row.fast_path = bool(ops & TORCH_FAST_PATH_OPS)
+        row.model.zero_grad(set_to_none=True)

@@ -1,0 +1,42 @@
+"""``Settings``: everything one run is asked to do, fixed before it starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from benchmarks.workload import Shape
+from common.config import TransformerConfig
+from variants import VARIANTS
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``benchmarks.run.run`` measures and how. One block per (device, dtype, shape)."""
+
+    config: TransformerConfig  # the model every row builds
+    shapes: tuple[Shape, ...]  # the batch shapes, one block each
+    preset: str = "custom"  # the name the header gives the model size
+    devices: tuple[str, ...] = ("cpu",)  # "cpu" and/or "cuda"
+    dtypes: tuple[str, ...] = ("float32",)  # names in workload.DTYPES; the model is cast to each
+    variants: tuple[str, ...] = VARIANTS  # the timed rows; the reference is built regardless
+    autocast: bool = False  # keep float32 weights and run under torch.autocast(dtype) instead
+    compile: bool = False  # torch.compile each model and time its eager steps alongside
+    freeze: bool = False  # with compile: inductor freezing for the eval forward
+    threads: int = field(default_factory=torch.get_num_threads)  # CPU threads, set for the run
+    rounds: int = 3  # interleaved rounds over the variants, merged per cell
+    min_run_time: float = 0.4  # seconds of blocked_autorange per cell and round
+    decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column
+    seed: int = 0  # the weights' and the batch's seed
+    keep_freed_memory: bool = True  # tell glibc to keep freed memory (memory.keep_freed_memory)
+    torch_fast_path: bool = True  # let nn.Transformer use its fused eval kernels
+    show_progress: bool = True  # a progress bar on stderr
+    command: str = ""  # how the run was asked for, recorded in the report
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The steps timed for every row, in the order each round runs them."""
+        modes = ("forward", "train") + (("decode",) if self.decode_len > 1 else ())
+        # with compile, the eager steps too, timed in the same rounds: the speed-up columns
+        return modes + (("forward_eager", "train_eager") if self.compile else ())

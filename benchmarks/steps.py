@@ -1,0 +1,82 @@
+"""The timed steps: each ``*_step`` builds a call without arguments that the timers repeat.
+
+    step = forward_backward(model, batch)   # forward, NLL, backward; no optimiser
+    step()
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from benchmarks.workload import BOS_ID
+from common.batches import Batch
+from seq2seq.decoding import greedy_decode
+
+Autocast = Callable[[], contextlib.AbstractContextManager]  # a fresh precision region per call
+
+# the fused kernels of nn.Transformer's eval fast path: seeing them means the path was taken
+TORCH_FAST_PATH_OPS = {"aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention"}
+
+
+def autocast_region(device: str, dtype: torch.dtype, enabled: bool) -> Autocast:
+    """``torch.autocast(device, dtype)`` when ``enabled`` and not float32; else no region (the
+    model itself is cast)."""
+    if enabled and dtype != torch.float32:
+        return lambda: torch.autocast(device, dtype=dtype)
+    return contextlib.nullcontext
+
+
+def forward_step(model: nn.Module, batch: Batch, autocast: Autocast = contextlib.nullcontext
+                 ) -> Callable[[], Tensor]:
+    """Inference: log-probs under no_grad (the caller puts the model in eval mode)."""
+
+    def step() -> Tensor:
+        with torch.no_grad(), autocast():
+            return model(*batch.inputs())
+
+    return step
+
+
+def forward_backward(model: nn.Module, batch: Batch, autocast: Autocast = contextlib.nullcontext
+                     ) -> Callable[[], None]:
+    """Training without the optimiser: forward, token-level NLL, backward into fresh grads."""
+    pad_id = model.config.pad_id
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with autocast():
+            logp = model(*batch.inputs())  # (B, T, V)
+            loss = F.nll_loss(logp.flatten(0, 1).float(), batch.labels.flatten(), ignore_index=pad_id)
+        loss.backward()
+
+    return step
+
+
+def decode_step(model: nn.Module, batch: Batch, max_len: int,
+                autocast: Autocast = contextlib.nullcontext) -> Callable[[], Tensor]:
+    """Greedy decoding of the batch's sources, ``max_len`` ids per row counting BOS."""
+    eos_id = model.config.tgt_vocab_size - 1
+
+    def step() -> Tensor:
+        with autocast():
+            return greedy_decode(model, batch.src, batch.src_mask, max_len=max_len,
+                                 bos_id=BOS_ID, eos_id=eos_id)
+
+    return step
+
+
+def compiled(model: nn.Module, freeze: bool) -> nn.Module:
+    """``torch.compile(model)``; ``freeze`` adds inductor freezing, which only inference graphs
+    use: the weights are folded in as constants (on CPU prepacked for oneDNN's GEMMs), so the
+    compiled eval forward must not outlive a change to them. The benchmarks never change them."""
+    return torch.compile(model, options={"freezing": True} if freeze else None)
+
+
+def is_training(mode: str) -> bool:
+    """Whether a mode ("forward", "train", "decode", "train_eager", ...) runs in train mode."""
+    return mode.startswith("train")

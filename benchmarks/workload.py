@@ -1,0 +1,62 @@
+"""What every row runs: the model presets, the block's shape and dtype, and its FLOP count."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from common.config import TransformerConfig
+
+REFERENCE = "torch"  # the variant every row is checked and timed against
+BOS_ID = 1  # pad is 0 in every preset; EOS is the last target id
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Preset(NamedTuple):
+    """A model size and the batch shape it is timed at by default."""
+
+    fields: dict  # TransformerConfig fields; empty = the paper's base model
+    batch: int  # default batch size
+    length: int  # default source (and target) length
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, src_vocab_size=1000,
+                        tgt_vocab_size=1000, max_seq_len=128), 4, 16),
+    "small": Preset(dict(d_model=256, n_heads=8, n_layers=3, d_ff=1024, src_vocab_size=8000,
+                         tgt_vocab_size=8000, max_seq_len=256), 8, 64),
+    "base": Preset(dict(), 8, 128),
+}
+
+
+class Shape(NamedTuple):
+    """One block's batch shape."""
+
+    batch: int
+    src_len: int
+    tgt_len: int
+
+
+def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
+    """Matrix-multiply FLOPs of one forward pass (2 per multiply-add), the same for every row.
+
+    Per layer, with S source and T target positions, D = d_model, F = d_ff, V = tgt vocab:
+      encoder:  8SD^2 (Q, K, V, O) + 4S^2 D (QK^T, AV) + 4SDF (FFN)
+      decoder:  8TD^2 + 4T^2 D (self)  +  4TD^2 + 4SD^2 + 4TSD (cross)  +  4TDF (FFN)
+      generator: 2TDV once.
+    Causal attention is counted in full (every variant computes the whole T x T matrix);
+    softmax, LayerNorm, dropout and embeddings are not counted.
+    """
+    c = config
+    d, f, n = c.d_model, c.d_ff, c.n_layers
+    s, t = src_len, tgt_len
+    encoder = 8 * s * d * d + 4 * s * s * d + 4 * s * d * f
+    decoder = (8 * t * d * d + 4 * t * t * d) + (4 * t * d * d + 4 * s * d * d + 4 * t * s * d) \
+        + 4 * t * d * f
+    return batch * (n * (encoder + decoder) + 2 * t * d * c.tgt_vocab_size)
+
+
+def train_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
+    """FLOPs of forward + backward: the backward pass does twice the forward's matmuls."""
+    return 3 * forward_flops(config, batch, src_len, tgt_len)
