@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compare import keep_freed_memory
+from benchmarks.memory import keep_freed_memory
 
 
 def pytest_configure(config):

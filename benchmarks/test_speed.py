@@ -4,9 +4,9 @@
     pytest benchmarks/ --benchmark-autosave              # save under .benchmarks/
     pytest benchmarks/ --benchmark-compare               # against the latest saved run
 
-The work is compare.py's (its preset, padded batch, forward and train steps), so the numbers
-line up with its table; the shapes are kept small so the whole run takes a few minutes on two
-cores. Speed is reported, never asserted.
+The work is compare.py's (the library's small preset, the shared padded batch, its forward and
+forward + backward steps), so the numbers line up with its table; the shapes are kept small so
+the whole run takes a few minutes on two cores. Speed is reported, never asserted.
 """
 
 from __future__ import annotations
@@ -14,12 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks.steps import forward_backward, forward_step
+from benchmarks.workload import PRESETS, forward_flops, train_flops
+from common.batches import random_batch
 from common.config import TransformerConfig
 from common.weights import transfer
-from compare import PRESETS, forward_flops, forward_step, make_batch, precision, train_step
 from variants import VARIANTS, build
 
-CONFIG = TransformerConfig(**PRESETS["small"][0])
+CONFIG = TransformerConfig(**PRESETS["small"].fields)
 SHAPES = [(8, 32, 32), (4, 128, 128)]  # (batch, src_len, tgt_len)
 DEVICES = [
     "cpu",
@@ -51,19 +53,15 @@ def synchronised(step, device: str):
     return run
 
 
-def no_autocast():
-    return precision("cpu", torch.float32, autocast=False)
-
-
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}xS{}xT{}".format(*s))
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_forward(benchmark, variant, device, shape, reference):
     model = model_on(variant, device, reference).eval()
-    batch = make_batch(CONFIG, *shape, device=device)
+    batch = random_batch(CONFIG, *shape, device=device)
     benchmark.group = f"forward {device} B={shape[0]} S={shape[1]} T={shape[2]}"
     benchmark.extra_info["gflop"] = forward_flops(CONFIG, *shape) / 1e9
-    logp = benchmark(synchronised(forward_step(model, batch, no_autocast), device))
+    logp = benchmark(synchronised(forward_step(model, batch), device))
     assert torch.isfinite(logp).all()
 
 
@@ -72,8 +70,8 @@ def test_forward(benchmark, variant, device, shape, reference):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_train_step(benchmark, variant, device, shape, reference):
     model = model_on(variant, device, reference).train()
-    batch = make_batch(CONFIG, *shape, device=device)
+    batch = random_batch(CONFIG, *shape, device=device)
     benchmark.group = f"train step {device} B={shape[0]} S={shape[1]} T={shape[2]}"
-    benchmark.extra_info["gflop"] = 3 * forward_flops(CONFIG, *shape) / 1e9
-    benchmark(synchronised(train_step(model, batch, no_autocast), device))
+    benchmark.extra_info["gflop"] = train_flops(CONFIG, *shape) / 1e9
+    benchmark(synchronised(forward_backward(model, batch), device))
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -1,4 +1,5 @@
-"""compare.py end to end on its tiny preset, its FLOP formula, and its refusal of bad options."""
+"""compare.py end to end on its tiny preset, its refusal of bad options, and the measuring
+library behind it (benchmarks/): the FLOP formula and the batch every row runs on."""
 
 from __future__ import annotations
 
@@ -10,8 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from benchmarks.failures import describe
+from benchmarks.render import render
+from benchmarks.run import run
+from benchmarks.settings import Settings
+from benchmarks.workload import PRESETS, Shape, forward_flops
+from common.batches import random_batch
 from common.config import TransformerConfig
-from compare import forward_flops, make_batch, parse_args
+from compare import parse_args
 from variants import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,7 +111,7 @@ def test_several_lengths_give_one_block_per_shape(tmp_path):
         (["--src-len", "129"], "max_seq_len 128"),
         (["--batch", "1", "2", "--src-len", "4", "5", "6"], "pair up"),
         (["--dtype", "float8"], "float8"),
-        (["--dropout", "1.5"], "--dropout"),
+        (["--dropout", "1.5"], "TransformerConfig.dropout"),
         (["--min-run-time", "0"], "--min-run-time"),
         (["--format", "nosuch"], "--format"),
         (["--freeze"], "--freeze"),
@@ -175,10 +182,60 @@ def test_flop_formula_grows_with_each_dimension():
 def test_batch_is_padded_but_no_attention_row_is_fully_masked():
     config = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, src_vocab_size=50,
                                tgt_vocab_size=40, max_seq_len=64)
-    batch = make_batch(config, 16, 20, 12, seed=3)
+    batch = random_batch(config, 16, 20, 12, seed=3)
     assert (batch.src == config.pad_id).any()  # padding is exercised
     assert batch.src[0].ne(config.pad_id).all() and batch.tgt[0].ne(config.pad_id).all()
     assert batch.src_mask.any(dim=-1).all()  # every source keeps a real key
     assert batch.tgt_mask.any(dim=-1).all()  # every target query sees a real key
     assert (batch.labels == config.pad_id).equal(batch.tgt == config.pad_id)
     assert int(batch.tgt.max()) < config.tgt_vocab_size and int(batch.src.max()) < config.src_vocab_size
+
+
+def tiny_settings(**changes) -> Settings:
+    """The library called directly: one small block, one short round, no progress bar."""
+    fields = dict(config=TransformerConfig(**PRESETS["tiny"].fields), shapes=(Shape(2, 8, 6),),
+                  preset="tiny", rounds=1, min_run_time=0.01, decode_len=1, threads=1,
+                  keep_freed_memory=False, show_progress=False)
+    return Settings(**{**fields, **changes})
+
+
+def test_library_run_times_only_the_chosen_variants_and_restores_the_process():
+    threads, fast_path = torch.get_num_threads(), torch.backends.mha.get_fastpath_enabled()
+    report = run(tiny_settings(variants=("explicit",), torch_fast_path=False))
+    assert torch.get_num_threads() == threads
+    assert torch.backends.mha.get_fastpath_enabled() == fast_path
+    (block,) = report["blocks"]
+    assert (block["batch"], block["src_len"], block["tgt_len"]) == (2, 8, 6)
+    (row,) = block["rows"]
+    assert row["variant"] == "explicit" and row["forward_ms"] > 0 and row["train_ms"] > 0
+    assert row["max_abs_dlogp"] < 1e-4  # checked against the reference, built but not timed
+    assert row["forward_vs_torch"] is None  # ...so there is no time to compare with
+    assert "decode_tokens_per_s" not in row  # decode_len 1 skips decoding
+    assert report["meta"]["threads"] == 1 and report["meta"]["preset"] == "tiny"
+
+
+def test_settings_modes_follow_decode_and_compile():
+    assert tiny_settings().modes == ("forward", "train")
+    assert tiny_settings(decode_len=4, compile=True).modes == (
+        "forward", "train", "decode", "forward_eager", "train_eager")
+
+
+def test_failed_cells_read_oom_or_error_and_the_error_is_noted_under_the_table():
+    assert describe(torch.OutOfMemoryError("CUDA out of memory.")) == "OOM"
+    assert describe(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == "OOM"
+    assert describe(ValueError("bad mask\nand more")) == "ValueError: bad mask"
+    rows = [{"variant": "explicit", "params": 10**6, "forward_error": "OOM", "train_error": None,
+             "train_ms": 2.0, "train_iqr_ms": 0.25, "dlogp_error": None},
+            {"variant": "torch", "params": 10**6, "forward_error": "ValueError: bad mask",
+             "train_error": None, "dlogp_error": None, "torch_fast_path": False}]
+    meta = {"cpu_model": "cpu", "threads": 1, "torch": "x", "autocast": False, "compile": False,
+            "preset": "tiny", "decode_len": 1, "allocator": "glibc default"}
+    block = {"device": "cpu", "dtype": "float32", "batch": 2, "src_len": 8, "tgt_len": 6,
+             "matmul_peak_gflops": 100.0, "rows": rows}
+    text = render({"meta": meta, "blocks": [block]}, "plain")
+    explicit, torch_row = (next(line.split() for line in text.splitlines() if line.startswith(name))
+                           for name in ("explicit", "torch "))
+    assert explicit[2:5] == ["OOM", "2.0", "(0.2)"]
+    assert torch_row[2] == "error"
+    assert "  torch forward: ValueError: bad mask" in text.splitlines()
+    assert "explicit forward:" not in text  # an OOM is said in its cell only
