@@ -20,6 +20,7 @@ _MODULES = {
     "explicit": "variants.explicit",
     "einsum": "variants.einsum",
     "mathfirst": "variants.mathfirst",
+    "fused": "variants.fused",
     "torch": "variants.reference",
 }
 VARIANTS: tuple[str, ...] = tuple(_MODULES)
