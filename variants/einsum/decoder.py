@@ -18,7 +18,7 @@ from variants.einsum.decoder_block import DecoderBlock
 
 
 class Decoder(nn.Module):
-    """Target ids and memory -> hidden states; ``generate`` maps them to log-probabilities."""
+    """Target ids and the encoder output -> hidden states; ``generate`` maps them to log-probabilities."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -34,12 +34,12 @@ class Decoder(nn.Module):
         self.fc_out = nn.Linear(config.d_model, config.tgt_vocab_size)  # D -> V
 
     def forward(
-        self, trg: Tensor, memory: Tensor, src_mask: Tensor | None, trg_mask: Tensor | None
+        self, trg: Tensor, enc_out: Tensor, src_mask: Tensor | None, trg_mask: Tensor | None
     ) -> Tensor:
         x = self.word_embedding(trg) * self.embed_scale  # (B, T, D)
         x = self.dropout(x + self.position_table[: trg.shape[1]].to(x.dtype))  # (B, T, D)
         for layer in self.layers:
-            x = layer(x, memory, src_mask, trg_mask)
+            x = layer(x, enc_out, enc_out, src_mask, trg_mask)  # value = key = the encoder output
         return self.norm(x)  # (B, T, D)
 
     def generate(self, hidden: Tensor) -> Tensor:

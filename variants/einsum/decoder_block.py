@@ -1,4 +1,4 @@
-"""One decoder layer of source 2: masked self-attention, then a TransformerBlock over the memory.
+"""One decoder layer of source 2: masked self-attention, then a TransformerBlock over the encoder output.
 
 Shape legend:
     B  batch            S  source length      T  target length     D  model dim (d_model)
@@ -25,13 +25,13 @@ class DecoderBlock(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, trg_mask: Tensor | None
+        self, x: Tensor, value: Tensor, key: Tensor, src_mask: Tensor | None, trg_mask: Tensor | None
     ) -> Tensor:
-        """(B, T, D) target, (B, S, D) encoder output -> (B, T, D)."""
+        """(B, T, D) target, (B, S, D) value and key (the encoder output) -> (B, T, D)."""
         if self.norm_first:  # x + dropout(self_attention(norm(x)))
-            normed = self.norm(x)
-            query = x + self.dropout(self.attention(normed, normed, normed, trg_mask))
+            normed = self.norm(x)  # (B, T, D)
+            query = x + self.dropout(self.attention(normed, normed, normed, trg_mask))  # (B, T, D)
         else:  # norm(x + dropout(self_attention(x)))
-            query = self.norm(x + self.dropout(self.attention(x, x, x, trg_mask)))
-        # keys and values from the encoder, query from the decoder, residual on the query
-        return self.transformer_block(query, src_mask, memory=memory)  # (B, T, D)
+            query = self.norm(x + self.dropout(self.attention(x, x, x, trg_mask)))  # (B, T, D)
+        # value and key from the encoder, query from the decoder, residual on the query
+        return self.transformer_block(value, key, query, src_mask)  # (B, T, D)

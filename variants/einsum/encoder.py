@@ -16,7 +16,7 @@ from variants.einsum.transformer_block import TransformerBlock
 
 
 class Encoder(nn.Module):
-    """Source ids -> memory: (E[ids] * sqrt(D) + PE) -> dropout -> N self-attending blocks -> norm."""
+    """Source ids -> enc_out: (E[ids] * sqrt(D) + PE) -> dropout -> N self-attending blocks -> norm."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -34,5 +34,5 @@ class Encoder(nn.Module):
         x = self.word_embedding(src) * self.embed_scale  # (B, S, D)
         out = self.dropout(x + self.position_table[: src.shape[1]].to(x.dtype))  # (B, S, D)
         for layer in self.layers:
-            out = layer(out, src_mask)  # no memory: self-attention over out
+            out = layer(out, out, out, src_mask)  # value, key and query: self-attention
         return self.norm(out)  # (B, S, D)

@@ -38,6 +38,10 @@ class Transformer(EncoderDecoder):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
 
+    # The source's mask builders, kept as its public API. Its forward(src, trg) built the masks
+    # itself; the shared interface takes them from the caller, so nothing in this suite calls
+    # these. A caller of this model alone writes
+    # ``model(src, trg, model.make_src_mask(src), model.make_trg_mask(trg))``.
     def make_src_mask(self, src: Tensor) -> Tensor:
         """(B, S) source ids -> (B, 1, 1, S): True at real tokens."""
         return padding_mask(src, self.config.pad_id)

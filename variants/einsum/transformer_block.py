@@ -1,7 +1,7 @@
 """The block of source 2 that is both the encoder layer and the decoder's cross-attention half.
 
 Shape legend:
-    B  batch            S  source length (the memory's length)
+    B  batch            S  key/value length (the source's, or T in self-attention)
     T  query length     D  model dim (d_model)    F  feed-forward dim (d_ff)
 """
 
@@ -16,15 +16,20 @@ from variants.einsum.self_attention import SelfAttention
 
 
 class TransformerBlock(nn.Module):
-    """Attention of a query over a memory, then the feed-forward network, each in a residual.
+    """Attention of ``query`` over ``key``/``value``, then the feed-forward network, each in a residual.
 
-    One class, two roles (the point of this style): alone it is an encoder layer (no memory:
-    self-attention), inside ``DecoderBlock`` it is cross-attention + feed-forward (memory = the
-    encoder output). The residual is added to the query, so the output keeps the query's length
-    whatever the memory's.
+    One class, two roles (the point of this style): called as ``block(out, out, out, mask)`` it is
+    an encoder layer (self-attention); inside ``DecoderBlock``, called as
+    ``block(enc_out, enc_out, query, src_mask)``, it is cross-attention + feed-forward. The
+    residual is added to the query, so the output keeps the query's length whatever the keys'.
 
     post-norm (the paper):  x = norm(x + dropout(sublayer(x)))
     pre-norm:               x = x + dropout(sublayer(norm(x)))
+
+    In pre-norm, "norm(x)" is the query's: keys and values are normalised only when they *are*
+    the query (``key is query``, the identity test ``nn.MultiheadAttention`` also uses to spot
+    self-attention), so self-attention attends over its normalised input, as in
+    ``nn.TransformerEncoderLayer``, and cross-attention reads the encoder output as given.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -42,21 +47,13 @@ class TransformerBlock(nn.Module):
         ))
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, query: Tensor, mask: Tensor | None, memory: Tensor | None = None) -> Tensor:
-        """(B, T, D) query, optional (B, S, D) memory -> (B, T, D)."""
+    def forward(self, value: Tensor, key: Tensor, query: Tensor, mask: Tensor | None) -> Tensor:
+        """(B, S, D) value and key, (B, T, D) query -> (B, T, D)."""
         if self.norm_first:
-            x = query + self.dropout(self.attend(self.norm1(query), mask, memory))
-            return x + self.dropout(self.feed_forward(self.norm2(x)))
-        x = self.norm1(query + self.dropout(self.attend(query, mask, memory)))
-        return self.norm2(x + self.dropout(self.feed_forward(x)))
-
-    def attend(self, query: Tensor, mask: Tensor | None, memory: Tensor | None) -> Tensor:
-        """Attention of ``query`` over ``memory``, or over ``query`` itself when there is none."""
-        # The caller says *what* to attend over, never how to normalise it. Self-attention passes
-        # no memory, so keys and values are the query exactly as the block prepared it: in
-        # pre-norm the normalised query, one norm1 serving Q, K and V as in
-        # nn.TransformerEncoderLayer. Cross-attention passes the encoder output, used as given,
-        # so pre-norm normalises the decoder's query only. One rule covers both roles; the block
-        # needs no flag saying which role it plays, and no caller reaches into its norm1.
-        keys_values = query if memory is None else memory  # (B, T, D) or (B, S, D)
-        return self.attention(keys_values, keys_values, query, mask)  # (B, T, D)
+            normed = self.norm1(query)  # (B, T, D)
+            value = normed if value is query else value  # (B, S, D)
+            key = normed if key is query else key  # (B, S, D)
+            x = query + self.dropout(self.attention(value, key, normed, mask))  # (B, T, D)
+            return x + self.dropout(self.feed_forward(self.norm2(x)))  # (B, T, D)
+        x = self.norm1(query + self.dropout(self.attention(value, key, query, mask)))  # (B, T, D)
+        return self.norm2(x + self.dropout(self.feed_forward(x)))  # (B, T, D)
