@@ -37,7 +37,7 @@ def sample_batch(
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(B, N) padded sources and their (B, N + 2) targets ``BOS answer EOS PAD..``, on the CPU."""
-    _check_arguments(task, batch_size, vocab_size, min_len, max_len)
+    check_settings(task, batch_size, vocab_size=vocab_size, min_len=min_len, max_len=max_len)
     lengths = torch.randint(min_len, max_len + 1, (batch_size,), generator=generator)  # (B,)
     tokens = torch.randint(FIRST_TOKEN_ID, vocab_size, (batch_size, max_len), generator=generator)
     positions = torch.arange(max_len)  # (N,)
@@ -56,8 +56,9 @@ def sample_batch(
     return src, tgt
 
 
-def _check_arguments(task: object, batch_size: object, vocab_size: object, min_len: object,
-                     max_len: object) -> None:
+def check_settings(task: object, batch_size: object, *, vocab_size: object, min_len: object,
+                   max_len: object) -> None:
+    """Raise ``ValueError`` (``TypeError`` for a non-int) naming the first bad ``sample_batch`` setting."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
     for name, value in (("batch_size", batch_size), ("vocab_size", vocab_size),

@@ -8,13 +8,15 @@ square root); label smoothing 0.1; teacher forcing: the decoder reads ``tgt[:, :
 predicts ``tgt[:, 1:]``, padding excluded from the loss.
 
 The library part (``make_optimizer``, ``smoothed_loss``, ``train_step``, ``train``,
-``exact_match_accuracy``) works with any model from ``variants.build`` and prints nothing; the
-command line adds a progress bar on stderr and a held-out accuracy line on stdout.
+``task_batches``, ``held_out_batch``, ``exact_match_accuracy``) works with any model from
+``variants.build`` and prints nothing; the command line below it parses and validates options,
+shows a tqdm progress bar on stderr, and prints the final loss and held-out accuracy on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 import time
@@ -23,11 +25,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
-from seq2seq import tasks
-from common.config import TransformerConfig
-from seq2seq.decoding import greedy_decode
+from common.cli import Parser, config_or_exit, positive
 from common.masks import decoder_mask, padding_mask
+from seq2seq import tasks
+from seq2seq.decoding import greedy_decode
+from variants import VARIANTS, build
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,22 @@ def task_batches(
                                  max_len=max_len, generator=generator)
 
 
+HELD_OUT_SEED_OFFSET = 2**31
+
+
+def held_out_batch(
+    task: str, size: int, *, vocab_size: int, min_len: int, max_len: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """``size`` (src, tgt) pairs from a generator other than the training stream's of ``seed``.
+
+    Its seed is ``seed + 2**31``: torch's CPU generator keeps only a seed's low 32 bits (so
+    ``2**62 + seed`` would replay the training stream), and this offset changes them.
+    """
+    generator = torch.Generator().manual_seed(seed + HELD_OUT_SEED_OFFSET)
+    return tasks.sample_batch(task, size, vocab_size=vocab_size, min_len=min_len, max_len=max_len,
+                              generator=generator)
+
+
 def exact_match_accuracy(model: nn.Module, src: Tensor, tgt: Tensor, batch_size: int = 256) -> float:
     """Share of rows whose greedy decoding equals the target exactly (BOS .. EOS, then padding).
 
@@ -187,92 +207,70 @@ def exact_match_accuracy(model: nn.Module, src: Tensor, tgt: Tensor, batch_size:
 # --- command line --------------------------------------------------------------------------
 
 
-class ProgressBar:
-    """``[#####.....] step 120/300  loss 1.234  lr 1.2e-03  5,123 tok/s`` on one line, via \\r."""
+@contextlib.contextmanager
+def progress_bar(steps: int) -> Iterator[Callable[[StepReport], None]]:
+    """A tqdm bar on stderr for ``train``'s ``on_step``: step, loss, learning rate and tokens/s."""
+    tokens = 0
+    bar_format = "[{bar:30}] step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+    with tqdm(total=steps, file=sys.stderr, bar_format=bar_format, ascii=".#") as bar:
 
-    def __init__(self, stream=None, width: int = 30, every_seconds: float = 0.1) -> None:
-        self.stream = stream if stream is not None else sys.stderr  # looked up now, not at import
-        self.width, self.every_seconds = width, every_seconds
-        self.tokens = 0
-        self.last_drawn = -float("inf")
+        def show(report: StepReport) -> None:
+            nonlocal tokens
+            tokens += report.tokens
+            rate = tokens / max(report.seconds, 1e-9)
+            bar.set_postfix_str(f"loss {report.loss:.4f}  lr {report.lr:.2e}  {rate:,.0f} tok/s",
+                                refresh=False)
+            bar.update()
 
-    def __call__(self, report: StepReport) -> None:
-        self.tokens += report.tokens
-        last = report.step == report.steps
-        if not last and report.seconds - self.last_drawn < self.every_seconds:
-            return
-        self.last_drawn = report.seconds
-        filled = self.width * report.step // report.steps
-        rate = self.tokens / max(report.seconds, 1e-9)
-        self.stream.write(
-            f"\r[{'#' * filled}{'.' * (self.width - filled)}] step {report.step}/{report.steps}"
-            f"  loss {report.loss:.4f}  lr {report.lr:.2e}  {rate:,.0f} tok/s"
-        )
-        if last:
-            self.stream.write("\n")
-        self.stream.flush()
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value
-
-
-def _dropout(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
-    return value
+        yield show
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from variants import VARIANTS  # the CLI picks a variant; the library above needs none
+    """The options, checked by the code that owns each setting, plus ``config`` and ``recipe``.
 
-    parser = argparse.ArgumentParser(
+    A bad value is a one-line usage error (exit status 2): ``tasks.check_settings`` checks the
+    task settings, ``TransformerConfig`` the model's and ``Recipe`` the optimiser's.
+    """
+    parser = Parser(
         prog="python -m seq2seq.train",
         description="Train one variant on a synthetic task with the paper's recipe, then report "
                     "held-out exact-sequence accuracy of greedy decoding.",
     )
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
     parser.add_argument("--task", choices=tasks.TASKS, default="reverse")
-    parser.add_argument("--steps", type=_positive_int, default=300)
-    parser.add_argument("--batch", type=_positive_int, default=128, help="sequences per step")
+    parser.add_argument("--steps", type=positive(int), default=300)
+    parser.add_argument("--batch", type=int, default=128, help="sequences per step")
     parser.add_argument("--seed", type=int, default=0, help="weights and training data")
-    parser.add_argument("--warmup", type=_positive_int, default=100,
+    parser.add_argument("--warmup", type=int, default=100,
                         help="warm-up steps (the paper: 4000 for 100k steps)")
-    parser.add_argument("--lr-factor", type=_positive_float, default=1.0)
-    parser.add_argument("--label-smoothing", type=_dropout, default=0.1)
-    parser.add_argument("--vocab", type=_positive_int, default=13,
-                        help="vocabulary size, PAD/BOS/EOS included")
-    parser.add_argument("--min-len", type=_positive_int, default=1)
-    parser.add_argument("--max-len", type=_positive_int, default=10)
-    parser.add_argument("--d-model", type=_positive_int, default=64)
-    parser.add_argument("--heads", type=_positive_int, default=4)
-    parser.add_argument("--layers", type=_positive_int, default=2)
-    parser.add_argument("--d-ff", type=_positive_int, default=128)
-    parser.add_argument("--dropout", type=_dropout, default=0.0)
+    parser.add_argument("--lr-factor", type=float, default=1.0)
+    parser.add_argument("--label-smoothing", type=float, default=0.1)
+    parser.add_argument("--vocab", type=int, default=13, help="vocabulary size, PAD/BOS/EOS included")
+    parser.add_argument("--min-len", type=int, default=1)
+    parser.add_argument("--max-len", type=int, default=10)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-ff", type=int, default=128)
+    parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--norm-first", action="store_true", help="pre-norm instead of post-norm")
-    parser.add_argument("--eval-size", type=_positive_int, default=1000, help="held-out sequences")
+    parser.add_argument("--eval-size", type=positive(int), default=1000, help="held-out sequences")
     parser.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
-    parser.add_argument("--threads", type=_positive_int, default=None,
+    parser.add_argument("--threads", type=positive(int), default=None,
                         help="CPU threads for torch (default: torch's choice); 1 suits small "
                              "models on a shared machine")
     args = parser.parse_args(argv)
-    if args.vocab <= tasks.FIRST_TOKEN_ID:
-        parser.error(f"--vocab must exceed {tasks.FIRST_TOKEN_ID} (PAD, BOS, EOS are reserved)")
-    if args.min_len > args.max_len:
-        parser.error(f"--min-len ({args.min_len}) must not exceed --max-len ({args.max_len})")
-    if args.d_model % args.heads:
-        parser.error(f"--d-model ({args.d_model}) must be divisible by --heads ({args.heads})")
+    try:
+        tasks.check_settings(args.task, args.batch, **task_shape(args))
+        args.recipe = Recipe(warmup=args.warmup, lr_factor=args.lr_factor,
+                             label_smoothing=args.label_smoothing)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+    args.config = config_or_exit(
+        parser, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff,
+        dropout=args.dropout, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
+        max_seq_len=args.max_len + 2, norm_first=args.norm_first, pad_id=tasks.PAD_ID,
+    )  # the longest target is BOS, max_len tokens, EOS
     try:
         args.device = torch.device(args.device)
     except RuntimeError as error:
@@ -282,31 +280,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
-    from variants import build
+def task_shape(args: argparse.Namespace) -> dict[str, int]:
+    """The ``vocab_size``, ``min_len`` and ``max_len`` keywords of the task functions."""
+    return dict(vocab_size=args.vocab, min_len=args.min_len, max_len=args.max_len)
 
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse, build, train (with a progress bar), evaluate held out, report."""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    config = TransformerConfig(
-        d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff,
-        dropout=args.dropout, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
-        max_seq_len=args.max_len + 2, norm_first=args.norm_first, pad_id=tasks.PAD_ID,
-    )
-    recipe = Recipe(warmup=args.warmup, lr_factor=args.lr_factor,
-                    label_smoothing=args.label_smoothing)
-    model = build(args.variant, config, seed=args.seed).to(args.device)
-    shape = dict(vocab_size=args.vocab, min_len=args.min_len, max_len=args.max_len)
-    batches = task_batches(args.task, args.batch, seed=args.seed, **shape)
+    model = build(args.variant, args.config, seed=args.seed).to(args.device)
     print(f"{args.variant}: {args.task}, {sum(p.numel() for p in model.parameters()):,} parameters, "
           f"{args.steps} steps of {args.batch} sequences on {args.device}", file=sys.stderr)
+
+    batches = task_batches(args.task, args.batch, seed=args.seed, **task_shape(args))
     start = time.perf_counter()
-    losses = train(model, batches, args.steps, recipe, on_step=ProgressBar())
+    with progress_bar(args.steps) as show_step:
+        losses = train(model, batches, args.steps, args.recipe, on_step=show_step)
     seconds = time.perf_counter() - start
-    # held out: a generator no training stream uses (training seeds are small integers)
-    held_out = torch.Generator().manual_seed(2**62 + args.seed)
-    src, tgt = tasks.sample_batch(args.task, args.eval_size, generator=held_out, **shape)
+
+    src, tgt = held_out_batch(args.task, args.eval_size, seed=args.seed, **task_shape(args))
     accuracy = exact_match_accuracy(model, src, tgt)
+
     last = losses[-10:]
     print(f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
           f"trained in {seconds:.1f} s")

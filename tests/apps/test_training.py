@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from seq2seq import tasks
 from common.config import TransformerConfig
+from common.weights import export_weights, import_weights
+from seq2seq import tasks
 from seq2seq.train import (
     Recipe,
     exact_match_accuracy,
+    held_out_batch,
     learning_rate,
     main,
     make_optimizer,
@@ -23,7 +25,6 @@ from seq2seq.train import (
     train,
     train_step,
 )
-from common.weights import export_weights, import_weights
 from tests.helpers import random_canonical, small_config
 from variants import VARIANTS, build
 
@@ -179,8 +180,7 @@ def test_learns_to_copy_held_out_sequences(variant):
     """
     model, batches = _copy_setup(variant, d_model=64, d_ff=128, batch=64)
     train(model, batches, steps=800, recipe=Recipe(warmup=100, lr_factor=1.0))
-    src, tgt = tasks.sample_batch("copy", 500, vocab_size=10, min_len=1, max_len=8,
-                                  generator=torch.Generator().manual_seed(2**62))
+    src, tgt = held_out_batch("copy", 500, vocab_size=10, min_len=1, max_len=8, seed=0)
     assert exact_match_accuracy(model, src, tgt) >= 0.95
 
 
@@ -198,6 +198,7 @@ def test_cli_trains_and_reports(capsys, monkeypatch):
     assert "/8 reverse sequences" in out[1]
     bar = stderr.getvalue()
     assert "\r[" in bar and "step 3/3" in bar and "tok/s" in bar and bar.endswith("\n")
+    assert "loss " in bar and " lr " in bar
 
 
 @pytest.mark.parametrize("argv", [
@@ -217,3 +218,32 @@ def test_bad_cli_options_exit_2(argv, capsys):
         parse_args(argv)
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--vocab", "3"], "vocab_size"),  # tasks.check_settings
+    (["--batch", "0"], "batch_size"),
+    (["--min-len", "5", "--max-len", "4"], "min_len"),
+    (["--d-model", "30", "--heads", "4"], "d_model"),  # TransformerConfig
+    (["--dropout", "1.5"], "dropout"),
+    (["--layers", "0"], "n_layers"),
+    (["--warmup", "0"], "warmup"),  # Recipe
+    (["--lr-factor", "-1"], "lr_factor"),
+    (["--label-smoothing", "1"], "label_smoothing"),
+])
+def test_the_owner_of_a_setting_names_it_in_one_line(argv, named, capsys):
+    """The CLI repeats no range check: each value is refused by the code that owns it."""
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "error:" in err and named in err, err
+
+
+def test_held_out_batch_is_no_training_batch():
+    shape = dict(vocab_size=13, min_len=1, max_len=10)
+    src, tgt = held_out_batch("reverse", 64, seed=0, **shape)
+    assert torch.equal(src, held_out_batch("reverse", 64, seed=0, **shape)[0])
+    first_training = next(task_batches("reverse", 64, seed=0, **shape))
+    assert not torch.equal(src, first_training[0])
+    assert tgt.shape == first_training[1].shape
