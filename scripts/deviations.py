@@ -6,47 +6,54 @@ Each row starts from the same seeded model (the explicit variant, float64, eval)
 departure of a source text from DESIGN.md's architecture, then reports the largest
 |Δ log-prob| against the unchanged model on one fixed batch with source and target padding.
 Where a departure is a re-parametrisation it is applied as an exact edit of the canonical
-weights (e.g. scaling scores by sqrt(D) instead of sqrt(Dh) == scaling W_q by 1/sqrt(H)).
+weights (e.g. scaling scores by sqrt(D) instead of sqrt(Dh) == scaling W_q by 1/sqrt(H)); where
+it is another formula, the model's own modules are swapped for the source's (found by type on
+the built model) or, for the mask fill value, the model's one fill is given the source's number.
+The batch is ``common.batches.random_batch`` (4 sequences, 12 source and 10 target tokens, row r
+ends in r padding tokens); the fill-value rows also empty one source row (all padding).
 """
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
+from common.batches import random_batch
+from common.cli import Parser
 from common.config import TransformerConfig
-from common.masks import decoder_mask, padding_mask
+from common.masks import padding_mask
 from common.weights import export_weights, import_weights
 from variants import build
-from variants.explicit import model as explicit
 
 CONFIG = TransformerConfig(d_model=64, n_heads=4, n_layers=2, d_ff=128, dropout=0.1,
                            src_vocab_size=100, tgt_vocab_size=100, max_seq_len=64)
 SEED = 0
+EMPTY_SOURCE_ROW = 3  # the row whose source is all padding where a row asks for one
 
 
-def batch(config: TransformerConfig, all_pad_row: bool = False):
-    generator = torch.Generator().manual_seed(SEED)
-    src = torch.randint(1, config.src_vocab_size, (4, 12), generator=generator)
-    tgt = torch.randint(1, config.tgt_vocab_size, (4, 10), generator=generator)
-    src[1, 8:], tgt[1, 7:], src[2, 10:] = config.pad_id, config.pad_id, config.pad_id
-    if all_pad_row:
-        src[3] = config.pad_id
-    return src, tgt, padding_mask(src, config.pad_id), decoder_mask(tgt, config.pad_id)
+def inputs(config: TransformerConfig, empty_source_row: bool = False) -> tuple[Tensor, ...]:
+    """(src, tgt, src_mask, tgt_mask) of the fixed batch, optionally with one all-padding source."""
+    batch = random_batch(config, batch=4, src_len=12, tgt_len=10, seed=SEED)
+    if not empty_source_row:
+        return batch.inputs()
+    src = batch.src.clone()
+    src[EMPTY_SOURCE_ROW] = config.pad_id
+    return src, batch.tgt, padding_mask(src, config.pad_id), batch.tgt_mask
 
 
-def log_probs(model: nn.Module, dtype=torch.float64, all_pad_row: bool = False) -> Tensor:
+def log_probs(model: nn.Module, dtype=torch.float64, empty_source_row: bool = False) -> Tensor:
+    """The model's log-probs on the fixed batch, run in ``dtype``, returned in float64."""
     with torch.no_grad():
-        return model.to(dtype)(*batch(model.config, all_pad_row)).double()
+        return model.to(dtype)(*inputs(model.config, empty_source_row)).double()
 
 
 def baseline(config: TransformerConfig = CONFIG) -> nn.Module:
+    """The seeded explicit model in float64 and eval mode, which every row departs from."""
     return build("explicit", config, seed=SEED).eval().double()
 
 
@@ -72,6 +79,7 @@ class SourceOneLayerNorm(nn.Module):
 
 
 def replace_modules(model: nn.Module, kind: type, make: Callable[[nn.Module], nn.Module]) -> nn.Module:
+    """Swap every submodule of type ``kind`` for ``make(submodule)``, in place."""
     for name, module in list(model.named_modules()):
         if isinstance(module, kind):
             parent, _, child = name.rpartition(".")
@@ -79,15 +87,38 @@ def replace_modules(model: nn.Module, kind: type, make: Callable[[nn.Module], nn
     return model
 
 
-@contextlib.contextmanager
-def fill_with(value: float) -> Iterator[None]:
-    """Mask by filling with a fixed number, as the sources do, instead of finfo(dtype).min."""
-    original = explicit.mask_scores
-    explicit.mask_scores = lambda scores, mask: scores if mask is None else scores.masked_fill(~mask, value)
-    try:
-        yield
-    finally:
-        explicit.mask_scores = original
+class FillMaskedScoresWith(TorchFunctionMode):
+    """Inside this context, masked scores are filled with ``value``, as a source does.
+
+    The suite fills masked scores with ``finfo(dtype).min`` (``common.masks.mask_scores``); this
+    torch function mode sees each ``masked_fill`` the model runs and gives the ones with that
+    value the source's number instead. The model's code and modules stay as they are.
+    ``filled`` counts the rewritten calls, so a model that fills another way cannot pass
+    unnoticed.
+    """
+
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+        self.filled = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.masked_fill, torch.masked_fill):
+            scores, mask, value = *args[:2], args[2] if len(args) > 2 else kwargs["value"]
+            if scores.is_floating_point() and value == torch.finfo(scores.dtype).min:
+                self.filled += 1
+                return func(scores, mask, self.value)
+        return func(*args, **kwargs)
+
+
+def filled_with(value: float, model: nn.Module, dtype=torch.float64) -> Tensor:
+    """``log_probs`` with an all-padding source row, masked scores filled with ``value``."""
+    with FillMaskedScoresWith(value) as fill:
+        result = log_probs(model, dtype, empty_source_row=True)
+    if fill.filled == 0:
+        raise RuntimeError("the model filled no masked scores with finfo(dtype).min; nothing to measure")
+    return result
 
 
 def source_three_table(max_len: int, d_model: int) -> Tensor:
@@ -101,18 +132,21 @@ def source_three_table(max_len: int, d_model: int) -> Tensor:
 
 
 def scale_rows(state: dict[str, Tensor], suffix: str, factor: float) -> None:
+    """Multiply every canonical tensor whose name ends in ``suffix`` by ``factor``, in place."""
     for name in state:
         if name.endswith(suffix):
             state[name] *= factor
 
 
 def max_delta(a: Tensor, b: Tensor) -> str:
+    """max |a - b| as a table cell, or how many (batch, position) rows of ``a`` are not finite."""
     if not torch.isfinite(a).all():
         return f"NaN/inf in {int((~torch.isfinite(a)).any(-1).sum())} of {a.shape[0] * a.shape[1]} positions"
     return f"{(a - b).abs().max().item():.3g}"
 
 
 def rows() -> list[tuple[str, str, str, str]]:
+    """(source, departure, this suite, measured effect) for each departure, in table order."""
     reference = log_probs(baseline())
     config = CONFIG
     out = []
@@ -121,7 +155,8 @@ def rows() -> list[tuple[str, str, str, str]]:
         out.append((source, departure, suite, result))
 
     # --- source 1 (explicit) -----------------------------------------------------------------
-    model = replace_modules(baseline(), explicit.LayerNormalization, SourceOneLayerNorm)
+    model = baseline()
+    model = replace_modules(model, type(model.encoder.norm), SourceOneLayerNorm)
     add("1 explicit", "LayerNorm divides by the unbiased std + eps (eps outside the root)",
         "biased variance, eps inside the root", max_delta(log_probs(model), reference))
     pre = baseline(config.replace(norm_first=True))
@@ -129,8 +164,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     add("1 explicit", "text describes pre-norm, code is post-norm",
         "post-norm by default, pre-norm with `norm_first=True`; same weights, the other mode:",
         max_delta(log_probs(pre), reference))
-    with fill_with(float("-inf")):
-        result = max_delta(log_probs(baseline(), all_pad_row=True), reference)
+    result = max_delta(filled_with(float("-inf"), baseline()), reference)
     add("1 explicit", "masked scores filled with -inf", "filled with finfo(dtype).min",
         f"0 where a row has a real key; with an all-padding source: {result}")
     add("1 explicit", "one `vocabsize` for source and target", "`src_vocab_size`, `tgt_vocab_size`",
@@ -165,13 +199,12 @@ def rows() -> list[tuple[str, str, str, str]]:
     add("2 einsum", "one (Dh x Dh) Q/K/V projection shared by all heads, no bias",
         "full (D x D) projections with bias",
         f"another function class: {shared} Q/K/V weights per layer instead of {full}")
-    finite_fill = log_probs(baseline(), all_pad_row=True)
-    with fill_with(-1e20):
-        same = max_delta(log_probs(baseline(), all_pad_row=True), finite_fill)
-        try:
-            half = max_delta(log_probs(baseline(), torch.float16, all_pad_row=True), reference)
-        except RuntimeError as error:  # masked_fill refuses a value the dtype cannot hold
-            half = f"RuntimeError: {str(error).splitlines()[0]}"
+    finite_fill = log_probs(baseline(), empty_source_row=True)
+    same = max_delta(filled_with(-1e20, baseline()), finite_fill)
+    try:
+        half = max_delta(filled_with(-1e20, baseline(), torch.float16), reference)
+    except RuntimeError as error:  # masked_fill refuses a value the dtype cannot hold
+        half = f"RuntimeError: {str(error).splitlines()[0]}"
     add("2 einsum", "masked scores filled with -1e20", "filled with finfo(dtype).min",
         f"float64, with an all-padding source: {same}; float16: {half}")
 
@@ -185,7 +218,7 @@ def rows() -> list[tuple[str, str, str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    Parser(prog="python -m scripts.deviations", description=__doc__.splitlines()[0]).parse_args(argv)
     torch.use_deterministic_algorithms(True)
     print(f"config: {CONFIG}, seed {SEED}, float64, eval; max |Δ log-prob| vs the one architecture\n")
     print("| source | departure | this suite | max abs Δ log-prob |")
