@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from seq2seq import tasks
 from common.config import TransformerConfig
-from seq2seq.decoding import greedy_decode
 from common.masks import decoder_mask, padding_mask
-from seq2seq.train import Recipe, task_batches, train
 from common.weights import export_weights, import_weights
+from seq2seq import tasks
+from seq2seq.decoding import greedy_decode
+from seq2seq.train import Recipe, task_batches, train
 from tests.helpers import small_config
 from variants import VARIANTS, build
 

@@ -11,8 +11,9 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
+from common.batches import random_batch
 from common.masks import causal_mask
-from tests.helpers import make_batch, small_config
+from tests.helpers import small_config
 from variants import build
 
 CONFIG = small_config()  # src_vocab 23, tgt_vocab 19, max_seq_len 40, d_model 32, 4 heads
@@ -21,7 +22,7 @@ BATCH, SRC_LEN, TGT_LEN = 3, 7, 5
 
 def good_inputs() -> dict[str, object]:
     """Valid arguments for every entry point: (3, 7) src, (3, 5) tgt, masks, memory, hidden."""
-    src, tgt, src_mask, tgt_mask = make_batch(CONFIG, BATCH, SRC_LEN, TGT_LEN)
+    src, tgt, src_mask, tgt_mask = random_batch(CONFIG, BATCH, SRC_LEN, TGT_LEN).inputs()
     generator = torch.Generator().manual_seed(1)
     return dict(
         src=src, tgt=tgt, src_mask=src_mask, tgt_mask=tgt_mask,
@@ -229,7 +230,7 @@ def test_every_entry_point_has_cases():
 @pytest.mark.parametrize("model_on, inputs_on", [("cuda", "cpu"), ("cpu", "cuda")])
 def test_model_and_inputs_on_different_devices(variant, model_on, inputs_on):
     model = build(variant, CONFIG, seed=0).eval().to(model_on)
-    src, tgt, src_mask, tgt_mask = (t.to(inputs_on) for t in make_batch(CONFIG))
+    src, tgt, src_mask, tgt_mask = random_batch(CONFIG, device=inputs_on).inputs()
     with pytest.raises(ValueError, match=f"src is on {inputs_on}.* but the model is on {model_on}"):
         model(src, tgt, src_mask, tgt_mask)
     with pytest.raises(ValueError, match=f"src is on {inputs_on}.* but the model is on {model_on}"):
@@ -240,7 +241,7 @@ def test_model_and_inputs_on_different_devices(variant, model_on, inputs_on):
 def test_out_of_range_ids_on_cuda_raise_instead_of_a_device_assert(variant):
     """A device-side assert would poison the CUDA context; the check must come first."""
     model = build(variant, CONFIG, seed=0).eval().cuda()
-    src, tgt, src_mask, tgt_mask = (t.cuda() for t in make_batch(CONFIG))
+    src, tgt, src_mask, tgt_mask = random_batch(CONFIG, device="cuda").inputs()
     bad = src.clone()
     bad[0, 0] = CONFIG.src_vocab_size
     with pytest.raises(ValueError, match=SRC_RANGE + r"\d+, max 23"):

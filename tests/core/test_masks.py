@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from common.batches import random_batch
 from common.masks import causal_mask, decoder_mask, mask_scores, padding_mask
-from tests.helpers import make_batch, reference_and, small_config
+from tests.helpers import reference_and, small_config
 
 
 def test_padding_mask_marks_real_tokens():
@@ -56,7 +57,7 @@ def test_padding_token_ids_never_reach_real_positions(variant):
     config = small_config()
     _, model = reference_and(variant, config)
     model.double()
-    src, tgt, src_mask, tgt_mask = make_batch(config)
+    src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
     before = outputs(model, src, tgt, src_mask, tgt_mask)
     src2, tgt2 = src.clone(), tgt.clone()
     src2[src == config.pad_id] = 7
@@ -72,7 +73,7 @@ def test_future_target_tokens_never_reach_earlier_positions(variant):
     config = small_config()
     _, model = reference_and(variant, config)
     model.double()
-    src, tgt, src_mask, tgt_mask = make_batch(config, batch=2, src_len=6, tgt_len=8)
+    src, tgt, src_mask, tgt_mask = random_batch(config, batch=2, src_len=6, tgt_len=8).inputs()
     tgt[:] = torch.randint(1, config.tgt_vocab_size, tgt.shape, generator=torch.Generator().manual_seed(1))
     tgt_mask = decoder_mask(tgt, config.pad_id)
     before = outputs(model, src, tgt, src_mask, tgt_mask)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.batches import random_batch
 from common.weights import (
     canonical_shapes,
     export_weights,
@@ -12,7 +13,7 @@ from common.weights import (
     init_canonical,
     transfer,
 )
-from tests.helpers import make_batch, random_canonical, small_config
+from tests.helpers import random_canonical, small_config
 from variants import build
 
 
@@ -132,7 +133,7 @@ def test_saved_state_loads_with_weights_only_and_round_trips(variant, tmp_path):
     fresh = build(variant, config)
     import_weights(fresh, loaded)
     assert_states_equal(export_weights(fresh), export_weights(model))
-    src, tgt, src_mask, tgt_mask = make_batch(config)
+    src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
     with torch.no_grad():
         assert torch.equal(fresh.eval()(src, tgt, src_mask, tgt_mask),
                            model.eval()(src, tgt, src_mask, tgt_mask))

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common.batches import random_batch
 from common.weights import export_gradients
-from tests.helpers import FLOAT64_TOL, make_batch, reference_and, small_config
+from tests.helpers import FLOAT64_TOL, reference_and, small_config
 from variants import VARIANTS, build
 
 LAYOUTS = [
@@ -24,7 +25,7 @@ SHAPES = [pytest.param((3, 7, 5), id="S>T"), pytest.param((2, 4, 9), id="S<T")]
 def test_log_probs_match_reference(variant, layout, shape):
     config = small_config(**layout)
     reference, model = reference_and(variant, config)
-    src, tgt, src_mask, tgt_mask = make_batch(config, *shape)
+    src, tgt, src_mask, tgt_mask = random_batch(config, *shape).inputs()
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt, src_mask, tgt_mask),
                                    reference(src, tgt, src_mask, tgt_mask))
@@ -39,7 +40,7 @@ def test_encode_decode_project_match_reference(variant, norm_first):
     config = small_config(norm_first=norm_first)
     reference, model = reference_and(variant, config)
     reference.double(), model.double()
-    src, tgt, src_mask, tgt_mask = make_batch(config)
+    src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
     with torch.no_grad():
         memory = model.encode(src, src_mask)
         torch.testing.assert_close(memory, reference.encode(src, src_mask), **FLOAT64_TOL)
@@ -54,7 +55,7 @@ def test_masks_are_optional(variant):
     config = small_config()
     reference, model = reference_and(variant, config)
     reference.double(), model.double()
-    src, tgt, _, _ = make_batch(config)
+    src, tgt, _, _ = random_batch(config).inputs()
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), reference(src, tgt), **FLOAT64_TOL)
 
@@ -68,7 +69,7 @@ def nll(log_probs: torch.Tensor, tgt: torch.Tensor, pad_id: int) -> torch.Tensor
 def test_gradients_match_reference(variant, norm_first):
     config = small_config(norm_first=norm_first, dropout=0.0)
     reference, model = reference_and(variant, config)
-    src, tgt, src_mask, tgt_mask = make_batch(config)
+    src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
     grads = []
     for m in (reference, model):
         m.double().train()
@@ -85,7 +86,7 @@ def test_gradients_match_reference(variant, norm_first):
 def test_same_seed_same_function(norm_first):
     """``build(name, config, seed=0)`` gives every variant the same weights."""
     config = small_config(norm_first=norm_first)
-    src, tgt, src_mask, tgt_mask = make_batch(config)
+    src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
     outputs = {}
     for name in VARIANTS:
         model = build(name, config, seed=0).eval().double()
