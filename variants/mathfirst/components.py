@@ -86,9 +86,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 class LayerNorm(nn.Module):
     """LayerNorm(x) = γ ⊙ (x − μ) / √(σ² + ε) + β   (section 3.1; Ba et al., 2016).
 
-    μ and σ² are the mean and the biased variance of each position's D features. Its gradient
-    is derived by hand too (``LayerNormFunction``): autograd, differentiating the formula op by
-    op, takes about 1.4x as long on CPU (``benchmarks/test_layernorm.py``).
+    μ and σ² are the mean and the biased variance of each position's D features. The forward
+    pass and its gradient are both written out from the equations, in ``LayerNormFunction``.
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -102,15 +101,25 @@ class LayerNorm(nn.Module):
 
 
 class LayerNormFunction(torch.autograd.Function):
-    """y = γ ⊙ x̂ + β with x̂ = (x − μ) · r and r = 1/√(σ² + ε); the gradient derived by hand.
+    """LayerNorm with its gradient derived by hand, as the equations give it.
 
-    For one position, with g = ∂L/∂y ⊙ γ and ⟨·⟩ the mean over its D features,
+    Forward, for one position x ∈ ℝᴰ, with ⟨·⟩ the mean over its D features:
+
+        μ = ⟨x⟩,   σ² = ⟨(x − μ)²⟩,   r = 1/√(σ² + ε),   x̂ = (x − μ) · r,   y = γ ⊙ x̂ + β
+
+    Backward. Let g = ∂L/∂y ⊙ γ = ∂L/∂x̂. Since Σⱼ (xⱼ − μ) = 0, ∂σ²/∂xᵢ = 2 (xᵢ − μ) / D, so
+    ∂r/∂xᵢ = −r² x̂ᵢ / D and
+
+        ∂x̂ⱼ/∂xᵢ = r · (δᵢⱼ − 1/D − x̂ᵢ x̂ⱼ / D)
+
+    Summing g over j:
 
         ∂L/∂x = r · (g − ⟨g⟩ − x̂ ⊙ ⟨g ⊙ x̂⟩)
 
-    (x̂ has mean 0 and mean square ≈ 1, so the two means remove what μ and σ² absorb: the parts
-    of g along the constant vector and along x̂). Over all positions, ∂L/∂γ = Σ ∂L/∂y ⊙ x̂ and
-    ∂L/∂β = Σ ∂L/∂y. ``tests/style/test_mathfirst.py`` checks it with ``gradcheck``.
+    The two means take away what μ and σ² absorb: the parts of g along the constant vector and
+    along x̂. Over all positions, ∂L/∂γ = Σ ∂L/∂y ⊙ x̂ and ∂L/∂β = Σ ∂L/∂y.
+    ``tests/style/test_mathfirst.py`` checks the derivation against finite differences
+    (``gradcheck``).
     """
 
     @staticmethod
