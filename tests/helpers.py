@@ -1,11 +1,13 @@
-"""Shared test helpers: a small config, random canonical weights, padded batches, model pairs."""
+"""Shared test helpers: a small config, random canonical weights, model pairs.
+
+Batches come from ``common.batches.random_batch``, which tests, scripts and benchmarks share.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from common.config import TransformerConfig
-from common.masks import decoder_mask, padding_mask
 from common.weights import canonical_shapes, import_weights, transfer
 from variants import build
 
@@ -34,20 +36,6 @@ def random_canonical(config: TransformerConfig, seed: int = 0) -> dict[str, torc
             tensor = 0.3 * tensor
         state[name] = tensor
     return state
-
-
-def make_batch(config: TransformerConfig, batch: int = 3, src_len: int = 7, tgt_len: int = 5,
-               seed: int = 0):
-    """(src, tgt, src_mask, tgt_mask) with trailing padding in some rows; no row is all padding
-    and every target starts with a real token, so no attention row is fully masked."""
-    generator = torch.Generator().manual_seed(seed)
-    pad = config.pad_id
-    src = torch.randint(1, config.src_vocab_size, (batch, src_len), generator=generator)
-    tgt = torch.randint(1, config.tgt_vocab_size, (batch, tgt_len), generator=generator)
-    for row in range(1, batch):
-        src[row, src_len - row:] = pad  # row r has r padding tokens
-        tgt[row, max(1, tgt_len - row):] = pad
-    return src, tgt, padding_mask(src, pad), decoder_mask(tgt, pad)
 
 
 def reference_and(name: str, config: TransformerConfig, seed: int = 0):
