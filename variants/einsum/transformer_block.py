@@ -51,6 +51,8 @@ class TransformerBlock(nn.Module):
         """(B, S, D) value and key, (B, T, D) query -> (B, T, D)."""
         if self.norm_first:
             normed = self.norm1(query)  # (B, T, D)
+            # self-attention's keys and values are its query, so normalised with it; the encoder
+            # output in cross-attention is another tensor, attended over as given
             value = normed if value is query else value  # (B, S, D)
             key = normed if key is query else key  # (B, S, D)
             x = query + self.dropout(self.attention(value, key, normed, mask))  # (B, T, D)

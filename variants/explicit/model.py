@@ -184,13 +184,15 @@ class DecoderBlock(nn.Module):
         self.feed_forward_residual = ResidualConnection(config)
 
     def forward(
-        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+        self, x: Tensor, encoder_output: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
         # masked self-attention: Q = K = V = x, each position sees itself and earlier ones
         x = self.self_attn_residual(x, lambda x: self.self_attn(x, x, x, tgt_mask))
         # cross-attention: Q from the decoder, K = V = the encoder output; the residual
-        # normalises only the x it hands the lambda, so pre-norm never normalises the memory
-        x = self.cross_attn_residual(x, lambda x: self.cross_attn(x, memory, memory, src_mask))
+        # normalises only the x it hands the lambda, so pre-norm leaves the encoder output as is
+        x = self.cross_attn_residual(
+            x, lambda x: self.cross_attn(x, encoder_output, encoder_output, src_mask)
+        )
         return self.feed_forward_residual(x, self.feed_forward)  # (B, T, D)
 
 
@@ -203,10 +205,10 @@ class Decoder(nn.Module):
         self.norm = LayerNormalization(config)
 
     def forward(
-        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+        self, x: Tensor, encoder_output: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
         for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)
+            x = layer(x, encoder_output, src_mask, tgt_mask)
         return self.norm(x)  # (B, T, D)
 
 
