@@ -25,7 +25,7 @@ from variants import VARIANTS, build
 CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=48, dropout=0.1,
                            src_vocab_size=23, tgt_vocab_size=19, max_seq_len=40)
 # Largest |log p(low precision) - log p(float32)| the tests allow, all positions, rtol 0: about
-# twice the worst case this script measures (bfloat16 up to 0.089, float16 up to 0.013), room
+# twice the worst case this script measures (bfloat16 up to 0.095, float16 up to 0.013), room
 # for another seed or kernel and far below what a real bug (a dropped mask) does.
 LOW_PRECISION_ATOL = {torch.bfloat16: 0.15, torch.float16: 0.025}
 MODES = [("to", torch.bfloat16), ("autocast", torch.bfloat16),
