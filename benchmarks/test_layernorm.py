@@ -3,8 +3,8 @@
     pytest benchmarks/test_layernorm.py --benchmark-columns=median,iqr
 
 explicit writes LayerNorm out from its formula and lets autograd differentiate it op by op;
-mathfirst writes out the formula and its derived gradient (``LayerNormFunction``); einsum uses
-``nn.LayerNorm`` and the reference ``torch.nn.Transformer``'s, both the fused kernel. The
+mathfirst writes out the formula and its derived gradient (``LayerNormFunction``); einsum and
+fused use ``nn.LayerNorm`` and the reference ``torch.nn.Transformer``'s, all the fused kernel. The
 difference, times the 32 norms of the base model, is most of what separates their train steps
 in compare.py's table.
 """
