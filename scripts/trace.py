@@ -9,19 +9,20 @@ hands on. Shapes use the README's legend (B=2, S=5, T=4 by default, D=d_model, V
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
 from torch import nn
 
+from common.batches import random_batch
+from common.cli import Parser, positive
 from common.config import TransformerConfig
-from common.masks import decoder_mask, padding_mask
 from variants import VARIANTS, build
 
 
-def trace(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, depth: int) -> list[str]:
-    """One line per module call (up to ``depth`` levels below the model), in call order."""
+def trace(model: nn.Module, inputs: tuple[torch.Tensor, ...], depth: int) -> list[str]:
+    """One line per module call of ``model(*inputs)`` (up to ``depth`` levels below the model),
+    in call order."""
     lines: list[str] = []
     open_calls: list[tuple[int, str]] = []  # (line index, name) of the modules still running
 
@@ -45,8 +46,7 @@ def trace(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, depth: int) ->
     handles += [module.register_forward_hook(leave(name)) for name, module in modules]
     try:
         with torch.no_grad():
-            model(src, tgt, padding_mask(src, model.config.pad_id),
-                  decoder_mask(tgt, model.config.pad_id))
+            model(*inputs)
     finally:
         for handle in handles:
             handle.remove()
@@ -54,20 +54,18 @@ def trace(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, depth: int) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m scripts.trace", description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
-    parser.add_argument("--depth", type=int, default=4, help="module levels to show (default 4)")
+    parser.add_argument("--depth", type=positive(int), default=4, help="module levels to show (default 4)")
     args = parser.parse_args(argv)
     config = TransformerConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, src_vocab_size=11,
                                tgt_vocab_size=13, max_seq_len=8)
     model = build(args.variant, config, seed=0).eval()
-    generator = torch.Generator().manual_seed(0)
-    src = torch.randint(1, config.src_vocab_size, (2, 5), generator=generator)
-    tgt = torch.randint(1, config.tgt_vocab_size, (2, 4), generator=generator)
+    inputs = random_batch(config, batch=2, src_len=5, tgt_len=4, seed=0).inputs()
     print(f"{args.variant}: B=2, S=5, T=4, D={config.d_model}, H={config.n_heads}, "
           f"V_src={config.src_vocab_size}, V_tgt={config.tgt_vocab_size}; "
           "each module with the shape it returned, children indented under their caller")
-    print("\n".join(trace(model, src, tgt, args.depth)))
+    print("\n".join(trace(model, inputs, args.depth)))
     return 0
 
 

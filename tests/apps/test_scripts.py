@@ -1,4 +1,5 @@
-"""The scripts' own machinery: the deviations table's fill-value swap measures what it says."""
+"""The scripts' own machinery: the deviations table's fill-value swap measures what it says, and
+the trace of a forward pass."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from scripts import deviations
+from scripts import deviations, trace
 
 
 class UnmaskedModel(nn.Module):
@@ -36,3 +37,17 @@ def test_a_source_fill_value_reaches_the_models_masked_scores():
 def test_a_model_that_fills_no_scores_is_refused():
     with pytest.raises(RuntimeError, match="filled no masked scores"):
         deviations.filled_with(float("-inf"), UnmaskedModel())
+
+
+def test_trace_shows_each_module_with_the_shape_it_returned(variant, capsys):
+    assert trace.main(["--variant", variant, "--depth", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{variant}: B=2, S=5, T=4")
+    assert len(lines) > 2 and all(" -> " in line for line in lines[1:])
+
+
+def test_trace_refuses_a_depth_below_one(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        trace.main(["--depth", "0"])
+    assert exit_info.value.code == 2
+    assert "error:" in capsys.readouterr().err
