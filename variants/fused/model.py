@@ -41,11 +41,12 @@ def sdpa_mask(mask: Tensor | None, dtype: torch.dtype) -> SdpaMask | None:
 
     The from-scratch variants fill blocked scores with finfo(dtype).min, so a query whose every
     key is blocked scores them all equally and attends uniformly to every key: its output is
-    the mean of V. SDPA cannot be given that by the mask alone: a bool or -inf row comes out
-    0 or NaN, and an added finfo.min does not swamp the scores where the kernel accumulates in
-    a wider type (float16 on CPU: -65504 in float32). So such a row is opened to every key here,
-    and ``Attention.attend`` zeroes its query: every score is then exactly 0, in any kernel and
-    dtype, and the row is the same uniform softmax (with the same zero gradient to Q and K).
+    the mean of V, and Q and K get no gradient from it. A mask alone cannot give SDPA that: a
+    bool or -inf row comes out 0 or NaN; an added finfo.min passes Q and K a gradient, and does
+    not even swamp the scores where the kernel accumulates in a wider type (float16 on CPU adds
+    -65504 in float32). So such a row is opened to every key here, and ``Attention.attend``
+    zeroes its query: every score is then exactly 0 in any kernel and dtype, the row is the
+    same uniform softmax, and the zeroed query passes nothing back to Q or K.
     """
     if mask is None:
         return None
