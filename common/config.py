@@ -21,6 +21,7 @@ class TransformerConfig:
     norm_eps: float = 1e-6  # added to the variance inside LayerNorm's square root
     norm_first: bool = False  # False: post-norm, the paper; True: pre-norm, x + sublayer(norm(x))
     pad_id: int = 0  # the padding token id, in both vocabularies
+    share_embeddings: bool = False  # one matrix for both embeddings and the generator (section 3.4)
 
     @property
     def head_dim(self) -> int:
@@ -54,6 +55,11 @@ class TransformerConfig:
             raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout}")
         if not self.norm_eps > 0.0:
             raise ValueError(f"TransformerConfig.norm_eps must be positive, got {self.norm_eps}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                f"TransformerConfig.share_embeddings needs one vocabulary: src_vocab_size "
+                f"({self.src_vocab_size}) must equal tgt_vocab_size ({self.tgt_vocab_size})"
+            )
         smallest_vocab = min(self.src_vocab_size, self.tgt_vocab_size)
         if not 0 <= self.pad_id < smallest_vocab:
             raise ValueError(
@@ -61,3 +67,12 @@ class TransformerConfig:
                 f"inside both vocabularies (src_vocab_size={self.src_vocab_size}, "
                 f"tgt_vocab_size={self.tgt_vocab_size})"
             )
+
+
+# The paper's Table 3 models, by name: shared embeddings over a 37,000-token vocabulary
+# (the paper's shared BPE vocabulary is "about 37000"; its exact size is not published).
+PRESETS: dict[str, TransformerConfig] = {
+    "paper-base": TransformerConfig(share_embeddings=True),  # 512/8/6/2048, P_drop 0.1
+    "paper-big": TransformerConfig(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3,
+                                   share_embeddings=True),
+}

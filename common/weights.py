@@ -15,6 +15,12 @@ parameter name. ``Param.layout`` is an einops pattern from the variant's layout 
 canonical one (``nn.Linear``'s ``(out, in)``); ``Param.chunk`` picks rows of a fused parameter
 such as ``nn.MultiheadAttention.in_proj_weight``. The inverse direction is derived from the
 same entry, so one line describes both export and import.
+
+With ``share_embeddings`` (section 3.4) the canonical names ``TIED`` are one matrix: a variant
+ties its parameters in its own style, and its map sends the three names to one parameter (by
+any of the names it has in the model). Where tying moves a name or layout, as when a generator
+applied as ``x @ W`` reads the embedding matrix E as W = Eᵀ, the variant also declares
+``tied_weight_map``: the entries that replace ``weight_map``'s under ``share_embeddings``.
 """
 
 from __future__ import annotations
@@ -31,9 +37,16 @@ from torch import Tensor, nn
 from common.config import TransformerConfig
 
 # Fields that give the canonical weights their meaning: the same tensors under another
-# value of any of these would be another function (or not fit at all).
+# value of any of these would be another function (or not fit at all), or, for
+# share_embeddings, would silently tie three matrices or untie one.
 WEIGHT_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "src_vocab_size", "tgt_vocab_size",
-                 "norm_first")
+                 "norm_first", "share_embeddings")
+_WHY = {"share_embeddings": "a tied model holds one matrix as src_embed.weight, tgt_embed.weight "
+                            "and generator.weight, an untied one three; moving weights between "
+                            "them would tie three matrices or untie one"}
+
+# One matrix under share_embeddings: the source and target embeddings and the generator's weight.
+TIED = ("src_embed.weight", "tgt_embed.weight", "generator.weight")
 
 _ATTENTION = ("wq", "wk", "wv", "wo")
 
@@ -89,12 +102,16 @@ def init_canonical(config: TransformerConfig, seed: int) -> dict[str, Tensor]:
 
     Matrices are Xavier-uniform (as ``torch.nn.Transformer`` initialises itself), biases zero,
     LayerNorm gain one and bias zero, and embeddings N(0, 1/d_model) so that after the
-    sqrt(d_model) scaling of section 3.4 a token vector has unit variance per feature.
+    sqrt(d_model) scaling of section 3.4 a token vector has unit variance per feature. With
+    ``share_embeddings`` the source embedding is drawn once and is also the target embedding
+    and the generator's weight: one tensor under the three names ``TIED``.
     """
     generator = torch.Generator().manual_seed(seed)
     state = {}
     for name, shape in canonical_shapes(config).items():
-        if name.endswith("_embed.weight"):
+        if config.share_embeddings and name in TIED[1:]:
+            tensor = state[TIED[0]]
+        elif name.endswith("_embed.weight"):
             tensor = torch.randn(shape, generator=generator) * config.d_model**-0.5
         elif ".norm" in name or name.startswith(("encoder.norm", "decoder.norm")):
             tensor = torch.ones(shape) if name.endswith("weight") else torch.zeros(shape)
@@ -108,10 +125,11 @@ def init_canonical(config: TransformerConfig, seed: int) -> dict[str, Tensor]:
 
 
 def export_weights(model: nn.Module) -> dict[str, Tensor]:
-    """The model's weights under canonical names and layouts (detached copies)."""
+    """The model's weights under canonical names and layouts (detached copies; a tied model's
+    one matrix is one copy under the three names ``TIED``)."""
     params = dict(model.named_parameters())
-    return {name: _to_canonical(params[slot.name], slot).detach().clone()
-            for name, slot in _resolve(model).items()}
+    return _tie(model.config, {name: _to_canonical(params[slot.name], slot).detach().clone()
+                               for name, slot in _resolve(model).items()})
 
 
 def export_gradients(model: nn.Module) -> dict[str, Tensor]:
@@ -120,8 +138,8 @@ def export_gradients(model: nn.Module) -> dict[str, Tensor]:
     missing = [name for name, param in params.items() if param.grad is None]
     if missing:
         raise ValueError(f"no gradient for {missing}; call backward() first")
-    return {name: _to_canonical(params[slot.name].grad, slot).clone()
-            for name, slot in _resolve(model).items()}
+    return _tie(model.config, {name: _to_canonical(params[slot.name].grad, slot).clone()
+                               for name, slot in _resolve(model).items()})
 
 
 def import_weights(
@@ -129,9 +147,10 @@ def import_weights(
 ) -> None:
     """Load canonical weights into ``model``; all or nothing.
 
-    Raises ValueError naming every missing, unexpected, mis-shaped or non-finite key (and,
-    when ``config`` — the exporter's config — is given, every field of WEIGHT_FIELDS that
-    differs from the model's); the model is left unchanged.
+    Raises ValueError naming every missing, unexpected, mis-shaped or non-finite key, the
+    names ``TIED`` when the model shares one matrix and they hold different ones (nothing is
+    averaged or picked), and, when ``config`` — the exporter's config — is given, every field
+    of WEIGHT_FIELDS that differs from the model's; the model is left unchanged.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a mapping of canonical names to tensors, got {type(state)}")
@@ -140,6 +159,7 @@ def import_weights(
     if config is not None:
         problems += [f"config field {field}: weights have {getattr(config, field)!r}, "
                      f"model has {getattr(model.config, field)!r}"
+                     + (f" ({_WHY[field]})" if field in _WHY else "")
                      for field in WEIGHT_FIELDS
                      if getattr(config, field) != getattr(model.config, field)]
     problems += [f"missing key {name}" for name in expected if name not in state]
@@ -153,6 +173,8 @@ def import_weights(
             problems.append(f"key {name}: shape {tuple(tensor.shape)}, expected {expected[name]}")
         elif not torch.isfinite(tensor).all():
             problems.append(f"key {name}: holds NaN or inf")
+    if model.config.share_embeddings and not problems:
+        problems += _tying_problems(state)
     if problems:
         raise ValueError("cannot import weights:\n  " + "\n  ".join(problems))
 
@@ -172,14 +194,42 @@ def transfer(src_model: nn.Module, dst_model: nn.Module) -> None:
     import_weights(dst_model, export_weights(src_model), config=src_model.config)
 
 
+def _tie(config: TransformerConfig, state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """A tied model's exported matrix, one tensor under the three names ``TIED``."""
+    if config.share_embeddings:
+        state.update(dict.fromkeys(TIED[1:], state[TIED[0]]))
+    return state
+
+
+def _tying_problems(state: Mapping[str, Tensor]) -> list[str]:
+    """The names ``TIED`` that differ from src_embed.weight, for a model that shares one matrix."""
+    first = state[TIED[0]]
+    differ = [name for name in TIED[1:] if not torch.equal(state[name], first)]
+    if not differ:
+        return []
+    return [f"share_embeddings: the model holds one matrix as {', '.join(TIED)}, but "
+            f"{' and '.join(differ)} differ from {TIED[0]}; tied weights must hold one matrix "
+            f"under all three names (nothing is averaged or picked)"]
+
+
 # --- the map machinery ---------------------------------------------------------------------
 
 
 def _resolve(model: nn.Module) -> dict[str, Param]:
-    """canonical name -> Param with a concrete parameter name, checked to cover the model."""
+    """canonical name -> Param with a concrete parameter name, checked to cover the model.
+
+    A parameter is named as ``named_parameters()`` names it: a tied one once, by its first name,
+    which every other name it has in the model (``remove_duplicate=False``) resolves to.
+    """
+    cls = type(model)
+    tied = model.config.share_embeddings
+    weight_map = {**cls.weight_map, **(getattr(cls, "tied_weight_map", {}) if tied else {})}
     patterns = [(_compile(pattern), target if isinstance(target, Param) else Param(target))
-                for pattern, target in type(model).weight_map.items()]
+                for pattern, target in weight_map.items()]
     params = dict(model.named_parameters())
+    first_name = {id(param): name for name, param in params.items()}
+    names = {name: first_name[id(param)]
+             for name, param in model.named_parameters(remove_duplicate=False)}
     resolved: dict[str, Param] = {}
     chunks_used: dict[str, list] = {}  # parameter name -> the chunks of it that the map fills
     for name in canonical_shapes(model.config):
@@ -188,11 +238,15 @@ def _resolve(model: nn.Module) -> dict[str, Param]:
         if len(hits) != 1:
             raise LookupError(f"{type(model).__name__}.weight_map matches {name} {len(hits)} times")
         match, slot = hits[0]
-        slot = Param(slot.name.format(**match.groupdict()), slot.layout, slot.chunk)
-        if slot.name not in params:
-            raise LookupError(f"weight_map sends {name} to {slot.name}, which the model lacks")
-        resolved[name] = slot
-        chunks_used.setdefault(slot.name, []).append(slot.chunk)
+        target = slot.name.format(**match.groupdict())
+        if target not in names:
+            raise LookupError(f"weight_map sends {name} to {target}, which the model lacks")
+        slot = resolved[name] = Param(names[target], slot.layout, slot.chunk)
+        if not (tied and name in TIED[1:]):  # the one tied matrix is filled once
+            chunks_used.setdefault(slot.name, []).append(slot.chunk)
+    if tied and len({resolved[name] for name in TIED}) != 1:
+        raise LookupError(f"share_embeddings: {cls.__name__}.weight_map must send {', '.join(TIED)} "
+                          f"to one parameter, but they reach {[resolved[n] for n in TIED]}")
     uncovered = [p for p in params if not _covers_once(chunks_used.get(p, []))]
     if uncovered:
         raise LookupError(f"weight_map covers these parameters not exactly once: {uncovered}")

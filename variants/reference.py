@@ -54,6 +54,9 @@ class Transformer(EncoderDecoder):
             norm_first=config.norm_first,
         )
         self.generator = nn.Linear(config.d_model, config.tgt_vocab_size)
+        if config.share_embeddings:  # section 3.4, around nn.Transformer, which has no embeddings
+            self.tgt_embed.weight = self.src_embed.weight
+            self.generator.weight = self.src_embed.weight
 
     def _embed(self, embedding: nn.Embedding, ids: Tensor) -> Tensor:
         x = embedding(ids) * math.sqrt(self.config.d_model)

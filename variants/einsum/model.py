@@ -37,6 +37,9 @@ class Transformer(EncoderDecoder):
         self.config = config
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
+        if config.share_embeddings:  # section 3.4: the encoder's word embedding is used three times
+            self.decoder.word_embedding.weight = self.encoder.word_embedding.weight
+            self.decoder.fc_out.weight = self.encoder.word_embedding.weight
 
     # The source's mask builders, kept as its public API. Its forward(src, trg) built the masks
     # itself; the shared interface takes them from the caller, so nothing in this suite calls

@@ -236,6 +236,9 @@ class Transformer(EncoderDecoder):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.projection = ProjectionLayer(config)
+        if config.share_embeddings:  # section 3.4: one matrix, embedded twice and projected onto
+            self.tgt_embed.embedding.weight = self.src_embed.embedding.weight
+            self.projection.linear.weight = self.src_embed.embedding.weight
 
     def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         x = self.src_pos(self.src_embed(src))  # (B, S, D)

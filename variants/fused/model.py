@@ -217,6 +217,8 @@ class Transformer(EncoderDecoder):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.generator = nn.Linear(config.d_model, config.tgt_vocab_size)  # D -> V
+        if config.share_embeddings:  # weight tying (section 3.4), as nanoGPT ties wte and lm_head
+            self.src_embed.weight = self.tgt_embed.weight = self.generator.weight
 
     def _embed(self, embedding: nn.Embedding, ids: Tensor) -> Tensor:
         """E[ids] * sqrt(D) + PE[:L], then dropout (sections 3.4 and 3.5)."""

@@ -119,16 +119,24 @@ class Decoder(nn.Module):
 
 
 class Generator(nn.Module):
-    """log softmax(x W + b): next-token log-probabilities   (section 3.4)."""
+    """log softmax(x W + b): next-token log-probabilities   (section 3.4).
 
-    def __init__(self, config: TransformerConfig) -> None:
+    Given the embeddings' E (shared embeddings), W = Eᵀ: the generator reads E and owns only b.
+    """
+
+    def __init__(self, config: TransformerConfig, E: nn.Parameter | None = None) -> None:
         super().__init__()
         D, V = config.d_model, config.tgt_vocab_size
-        self.W = xavier_uniform(D, V, fan_in=D, fan_out=V)  # (D, V)
+        self.shares_E = E is not None
+        if self.shares_E:
+            self.E = E  # (V, D), the embedding matrix itself
+        else:
+            self.W = xavier_uniform(D, V, fan_in=D, fan_out=V)  # (D, V)
         self.b = nn.Parameter(torch.zeros(V))  # (V,)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.log_softmax(x @ self.W + self.b, dim=-1)  # (B, T, V)
+        W = self.E.T if self.shares_E else self.W  # (D, V)
+        return torch.log_softmax(x @ W + self.b, dim=-1)  # (B, T, V)
 
 
 # Canonical names (DESIGN.md) are nn.Linear's (out, in); here W is applied as x @ W, with the
@@ -144,12 +152,13 @@ class Transformer(EncoderDecoder):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
+        shared = config.share_embeddings  # section 3.4: one E, used as E[src], E[tgt] and W = Eᵀ
         self.src_embedding = TokenEmbedding(config, config.src_vocab_size)
-        self.tgt_embedding = TokenEmbedding(config, config.tgt_vocab_size)
+        self.tgt_embedding = self.src_embedding if shared else TokenEmbedding(config, config.tgt_vocab_size)
         self.positional_encoding = SinusoidalPositionalEncoding(config)  # no weights: one serves both
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
-        self.generator = Generator(config)
+        self.generator = Generator(config, E=self.src_embedding.E if shared else None)
 
     def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         x = self.positional_encoding(self.src_embedding(src))  # (B, S, D)
@@ -193,3 +202,5 @@ class Transformer(EncoderDecoder):
         "generator.weight": Param("generator.W", layout="d v -> v d"),
         "generator.bias": "generator.b",
     }
+    # with shared embeddings the generator holds E itself, (V, D) as the canonical weight
+    tied_weight_map: ClassVar[dict[str, str | Param]] = {"generator.weight": "generator.E"}
