@@ -37,7 +37,8 @@ def command_line() -> Parser:
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="cpu",
                         help="where to run; 'all' = cpu, and cuda when present (default cpu)")
     parser.add_argument("--preset", choices=tuple(PRESETS), default="small",
-                        help="model size; base = the paper's 512/8/6/2048/37000 (default small)")
+                        help="model size; base = the paper's 512/8/6/2048/37000, paper-base and "
+                             "paper-big = its Table 3 models, embeddings shared (default small)")
     parser.add_argument("--batch", type=positive(int), nargs="+",
                         help="batch size(s), paired with the lengths (default: the preset's)")
     parser.add_argument("--src-len", type=positive(int), nargs="+", help="source length(s)")
@@ -84,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     dropout = {} if args.dropout is None else {"dropout": args.dropout}
-    config = config_or_exit(parser, **preset.fields, **dropout)
+    config = config_or_exit(parser, **{**preset.fields, **dropout})
     shapes = paired_shapes(parser, args.batch or [preset.batch], args.src_len or [preset.length],
                            args.tgt_len or args.src_len or [preset.length])
     too_long = sorted({n for shape in shapes for n in shape[1:] if n > config.max_seq_len})

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import torch
 
+from common.config import PRESETS as NAMED_MODELS
 from common.config import TransformerConfig
 
 REFERENCE = "torch"  # the variant every row is checked and timed against
@@ -16,7 +18,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class Preset(NamedTuple):
     """A model size and the batch shape it is timed at by default."""
 
-    fields: dict  # TransformerConfig fields; empty = the paper's base model
+    fields: dict  # TransformerConfig fields; empty = the paper's base model, untied
     batch: int  # default batch size
     length: int  # default source (and target) length
 
@@ -27,6 +29,8 @@ PRESETS: dict[str, Preset] = {
     "small": Preset(dict(d_model=256, n_heads=8, n_layers=3, d_ff=1024, src_vocab_size=8000,
                          tgt_vocab_size=8000, max_seq_len=256), 8, 64),
     "base": Preset(dict(), 8, 128),
+    # the paper's Table 3 models as common.config names them: paper-base, paper-big (tied)
+    **{name: Preset(dataclasses.asdict(config), 8, 128) for name, config in NAMED_MODELS.items()},
 }
 
 
