@@ -254,6 +254,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--d-ff", type=int, default=128)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--norm-first", action="store_true", help="pre-norm instead of post-norm")
+    parser.add_argument("--share-embeddings", action="store_true",
+                        help="one matrix for both embeddings and the generator (paper section 3.4); "
+                             "the tasks' source and target share one vocabulary")
     parser.add_argument("--eval-size", type=positive(int), default=1000, help="held-out sequences")
     parser.add_argument("--device", default="cpu", help="e.g. cpu, cuda, cuda:1")
     parser.add_argument("--threads", type=positive(int), default=None,
@@ -270,6 +273,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff,
         dropout=args.dropout, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
         max_seq_len=args.max_len + 2, norm_first=args.norm_first, pad_id=tasks.PAD_ID,
+        share_embeddings=args.share_embeddings,
     )  # the longest target is BOS, max_len tokens, EOS
     try:
         args.device = torch.device(args.device)
