@@ -1,4 +1,5 @@
-"""The synthetic tasks, the paper's recipe, lockstep training across variants, and learning."""
+"""The synthetic tasks, the paper's recipe, the loss sums DDP reduces, bf16 autocast, lockstep
+training across variants, learning, and the command line."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from common.weights import export_weights, import_weights
 from seq2seq import tasks
 from seq2seq.train import (
     Recipe,
+    Trainer,
     exact_match_accuracy,
     held_out_batch,
     learning_rate,
@@ -21,6 +23,7 @@ from seq2seq.train import (
     make_optimizer,
     parse_args,
     smoothed_loss,
+    smoothed_loss_sum,
     task_batches,
     train,
     train_step,
@@ -119,6 +122,40 @@ def test_smoothed_loss_against_torch_cross_entropy():
                                F.cross_entropy(*flat, ignore_index=0, label_smoothing=0.1))
 
 
+def test_loss_sums_add_up_over_shards_and_give_the_mean():
+    """What DDP's reduction rests on: per-shard sums and counts add up to the batch's, while
+    per-shard means, averaged, are not the batch's mean when the shards hold unequal numbers of
+    real tokens."""
+    generator = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(5, 6, 11, generator=generator, dtype=torch.float64).log_softmax(-1)
+    target = torch.randint(1, 11, (5, 6), generator=generator)
+    target[0, 1:] = 0  # shard 0 (rows 0-2) holds fewer real tokens than shard 1 (rows 3-4)
+    total, tokens = smoothed_loss_sum(log_probs, target, 0, 0.1)
+    assert tokens == (target != 0).sum()
+    torch.testing.assert_close(total / tokens, smoothed_loss(log_probs, target, 0, 0.1))
+    shards = [smoothed_loss_sum(log_probs[rows], target[rows], 0, 0.1) for rows in (slice(0, 3), slice(3, 5))]
+    torch.testing.assert_close(sum(t for t, _ in shards) / sum(n for _, n in shards), total / tokens)
+    assert abs(sum(t / n for t, n in shards) / 2 - total / tokens) > 1e-3
+
+
+def test_bf16_autocast_computes_in_bfloat16_and_keeps_float32_weights():
+    config = small_config(dropout=0.0)
+    losses, seen = {}, []
+    for bf16 in (False, True):
+        model = build("explicit", config, seed=0)
+        linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        linear.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        trainer = Trainer(model, task_batches("copy", 6, vocab_size=19, min_len=1, max_len=8, seed=0),
+                          Recipe(warmup=5), bf16=bf16)
+        losses[bf16] = trainer.run(3)
+        assert all(p.dtype == torch.float32 for p in model.parameters())
+        assert all(s["exp_avg"].dtype == torch.float32 for s in trainer.optimizer.state.values())
+    assert seen[0] == torch.float32 and seen[-1] == torch.bfloat16
+    assert losses[True] != losses[False]  # the arithmetic changed ...
+    assert losses[True] == pytest.approx(losses[False], abs=0.05)  # ... not the training
+    assert parse_args(["--bf16"]).bf16 and not parse_args([]).bf16
+
+
 def test_bad_recipe_values_are_named():
     for changes, field in ((dict(warmup=0), "warmup"), (dict(lr_factor=0.0), "lr_factor"),
                            (dict(label_smoothing=1.0), "label_smoothing")):
@@ -212,6 +249,9 @@ def test_cli_trains_and_reports(capsys, monkeypatch):
     ["--min-len", "5", "--max-len", "4"],
     ["--d-model", "30", "--heads", "4"],
     ["--device", "floppy"],
+    ["--resume"],  # needs --checkpoint-dir
+    ["--save-every", "5"],
+    ["--checkpoint-dir", "runs", "--save-every", "0"],
 ])
 def test_bad_cli_options_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -1,0 +1,293 @@
+"""Checkpoints that resume a run exactly, and model files that any variant loads.
+
+    save(checkpoint, checkpoint_path("runs/a", checkpoint.step))   # runs/a/step-00000300.pt
+    checkpoint = load_checkpoint(latest_checkpoint("runs/a"))
+    model = build_model(load("average.pt"), variant="fused")
+
+A **checkpoint** holds the weights in canonical form (``common.weights``), Adam's state, the
+schedule's step, the RNG states (per process: torch's CPU generator and, on CUDA, the device's;
+once: the batch stream's generator), the config, the variant's name and the run's other
+settings. A **model file** (what ``python -m seq2seq.average`` writes) holds only the variant
+name, config, settings and canonical weights; every checkpoint is also a model file, and any
+variant can load either (``build_model``).
+
+Files are ``torch.save`` archives of plain dicts, lists, tensors and numbers, read back with
+``torch.load(weights_only=True)`` (no pickled code runs). Writing is atomic: a temporary file in
+the same directory, flushed and fsync'd, then ``os.replace`` onto the final name and an fsync of
+the directory, so a crash mid-write leaves every existing file as it was. Reading is strict: the
+archive must load, carry this format's marker, version and every field with its type, and match
+the SHA-256 digest of its contents recorded at save time (torch's reader does not notice a
+flipped byte inside a tensor). Anything else is a ``ValueError`` naming the file, raised before
+anything is loaded into a model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+from common.weights import import_weights
+from variants import build
+
+FORMAT = "transformer-variants"  # the marker every file written here carries
+VERSION = 1
+_CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A trained model in canonical form, loadable into any variant."""
+
+    variant: str  # the variant that trained it; any other can load the weights
+    config: TransformerConfig
+    settings: Mapping[str, object]  # the run's other settings, e.g. {"data": {...}, "recipe": {...}}
+    weights: Mapping[str, Tensor]  # canonical name -> tensor (common.weights)
+
+
+@dataclass(frozen=True)
+class Checkpoint(ModelFile):
+    """A model file plus everything else the run's next step depends on."""
+
+    step: int  # optimiser steps done
+    optimizer: Mapping[str, object]  # torch.optim.Adam.state_dict()
+    scheduler: Mapping[str, object]  # LambdaLR.state_dict(): where the schedule stands
+    rng: tuple[Mapping[str, Tensor | None], ...]  # per rank: {"cpu": state, "cuda": state or None}
+    data_rng: Tensor  # the batch stream's generator (every rank draws the same batches)
+
+
+# field -> its type in a file; ModelFile's fields come first
+_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "variant": str, "config": dict, "settings": dict, "weights": dict,
+    "step": int, "optimizer": dict, "scheduler": dict, "rng": (list, tuple), "data_rng": Tensor,
+}
+_KINDS = {"model": ModelFile, "checkpoint": Checkpoint}
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def save(record: ModelFile, path: str | os.PathLike) -> Path:
+    """Write a model file or checkpoint to ``path`` atomically (see the module docstring)."""
+    if not isinstance(record, ModelFile):
+        raise TypeError(f"record must be a ModelFile or Checkpoint, got {type(record).__name__}")
+    payload: dict[str, object] = {"format": FORMAT, "version": VERSION,
+                                  "kind": "checkpoint" if isinstance(record, Checkpoint) else "model"}
+    for field in dataclasses.fields(record):
+        value = getattr(record, field.name)
+        payload[field.name] = dataclasses.asdict(value) if field.name == "config" else value
+    payload["digest"] = _digest(payload)
+    path = Path(path)
+    _write_atomically(payload, path)
+    return path
+
+
+def _write_atomically(payload: object, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # a fresh name beside the target (so os.replace never crosses file systems), opened with
+    # the usual permissions, unlike tempfile.mkstemp's 0600
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(temporary, "xb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    if os.name == "posix":  # make the rename itself durable
+        directory = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+def _digest(payload: Mapping[str, object]) -> str:
+    """SHA-256 over every field but ``digest``: tensors by dtype, shape and bytes, the rest by repr."""
+    hasher = hashlib.sha256()
+
+    def feed(item: object) -> None:
+        if isinstance(item, Tensor):
+            hasher.update(f"tensor {item.dtype} {tuple(item.shape)}:".encode())
+            data = item.detach().cpu().contiguous().reshape(-1)
+            hasher.update(data.view(torch.uint8).numpy().tobytes())
+        elif isinstance(item, Mapping):
+            hasher.update(b"{")
+            for key in sorted(item, key=repr):
+                feed(key)
+                feed(item[key])
+            hasher.update(b"}")
+        elif isinstance(item, (list, tuple)):
+            hasher.update(b"[" if isinstance(item, list) else b"(")
+            for element in item:
+                feed(element)
+            hasher.update(b"]")
+        else:
+            hasher.update(f"{type(item).__name__} {item!r};".encode())
+
+    feed({key: value for key, value in payload.items() if key != "digest"})
+    return hasher.hexdigest()
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+def load(path: str | os.PathLike) -> ModelFile:
+    """The model file or checkpoint at ``path`` (a ``Checkpoint`` for a checkpoint), checked whole.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for one
+    that is truncated, corrupt, not ours, of another version, or lacking a field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint or model file at {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch.load raises many kinds for a damaged archive
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from error
+    problems = _problems(payload)
+    if problems:
+        raise ValueError(f"{path} is not a usable checkpoint:\n  " + "\n  ".join(problems))
+    kind = _KINDS[payload["kind"]]
+    fields = {field.name: payload[field.name] for field in dataclasses.fields(kind)}
+    try:
+        fields["config"] = TransformerConfig(**fields["config"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{path} holds an invalid config: {error}") from error
+    if kind is Checkpoint:
+        fields["rng"] = tuple(fields["rng"])
+    return kind(**fields)
+
+
+def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """``load``, refusing a model file: it holds no optimiser state to resume from."""
+    record = load(path)
+    if not isinstance(record, Checkpoint):
+        raise ValueError(f"{path} is a model file (weights only), not a checkpoint to resume from")
+    return record
+
+
+def _problems(payload: object) -> list[str]:
+    """Everything wrong with a loaded archive, before any of it is used."""
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        return [f"not a {FORMAT} file (no format marker)"]
+    if payload.get("version") != VERSION:
+        return [f"format version {payload.get('version')!r}; this code reads version {VERSION}"]
+    if payload.get("kind") not in _KINDS:
+        return [f"unknown kind {payload.get('kind')!r}; expected one of {', '.join(_KINDS)}"]
+    names = [field.name for field in dataclasses.fields(_KINDS[payload["kind"]])]
+    problems = [f"field {name}: missing" for name in names if name not in payload]
+    problems += [f"field {name}: expected {_type_name(_FIELDS[name])}, got {type(payload[name]).__name__}"
+                 for name in names if name in payload and not _is(payload[name], _FIELDS[name])]
+    if problems:
+        return problems
+    problems += [f"weights: {name!r} is not a tensor" for name, tensor in payload["weights"].items()
+                 if not isinstance(name, str) or not isinstance(tensor, Tensor)]
+    if "rng" in names and not all(isinstance(state, dict) and isinstance(state.get("cpu"), Tensor)
+                                  for state in payload["rng"]):
+        problems.append("field rng: expected one {'cpu': tensor, 'cuda': ...} per process")
+    if payload.get("digest") != _digest(payload):
+        problems.append("contents differ from the digest recorded when it was written (corrupt)")
+    return problems
+
+
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+
+
+# --- using ---------------------------------------------------------------------------------
+
+
+def check_resumable(checkpoint: Checkpoint, *, variant: str, config: TransformerConfig,
+                    settings: Mapping[str, object], processes: int) -> None:
+    """Raise ``ValueError`` naming every way ``checkpoint`` is not this run's (nothing is loaded).
+
+    Resuming needs the same variant, config and settings, and as many processes: each process
+    keeps its own dropout RNG stream.
+    """
+    problems = []
+    if checkpoint.variant != variant:
+        problems.append(f"variant: checkpoint {checkpoint.variant!r}, this run {variant!r}")
+    problems += _differences("config", dataclasses.asdict(checkpoint.config), dataclasses.asdict(config))
+    problems += _differences("settings", checkpoint.settings, settings)
+    if len(checkpoint.rng) != processes:
+        problems.append(f"processes: checkpoint written by {len(checkpoint.rng)}, this run has "
+                        f"{processes} (each process keeps its own dropout RNG stream)")
+    if problems:
+        raise ValueError("checkpoint is not from this run:\n  " + "\n  ".join(problems))
+
+
+def _differences(prefix: str, stored: Mapping[str, object], current: Mapping[str, object]) -> list[str]:
+    """'prefix.key: checkpoint X, this run Y' for each key whose values differ, nested dicts by key."""
+    found = []
+    for key in sorted({*stored, *current}, key=str):
+        mine, theirs = stored.get(key), current.get(key)
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            found += _differences(f"{prefix}.{key}", mine, theirs)
+        elif mine != theirs:
+            found.append(f"{prefix}.{key}: checkpoint {mine!r}, this run {theirs!r}")
+    return found
+
+
+def build_model(record: ModelFile, variant: str | None = None) -> nn.Module:
+    """A fresh model of ``variant`` (default: the one that trained) holding the file's weights."""
+    model = build(record.variant if variant is None else variant, record.config)
+    import_weights(model, record.weights, config=record.config)
+    return model
+
+
+def capture_rng(device: torch.device) -> dict[str, Tensor | None]:
+    """This process's dropout RNG: torch's CPU generator, and on CUDA the device's generator."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def restore_rng(state: Mapping[str, Tensor | None], device: torch.device) -> None:
+    """Put back what ``capture_rng`` took (the CUDA state only when training on CUDA again)."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# --- where they live -------------------------------------------------------------------------
+
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+    """``directory/step-00000300.pt``: the name sorts by step."""
+    return Path(directory) / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The ``step-*.pt`` files in ``directory``, oldest step first (none if it does not exist)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(match.group(1)), path) for path in directory.iterdir()
+             if (match := _CHECKPOINT_NAME.fullmatch(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path:
+    """The checkpoint of the highest step in ``directory``; ``ValueError`` if it holds none."""
+    found = list_checkpoints(directory)
+    if not found:
+        raise ValueError(f"no checkpoint (step-*.pt) in {directory}")
+    return found[-1]
