@@ -1,0 +1,98 @@
+"""Checkpoint averaging (paper section 6.1): one model whose weights are the mean of the last k
+checkpoints' weights, and a command line to make it.
+
+    python -m seq2seq.average --checkpoint-dir runs/a --last 5 --output runs/a/average.pt
+    python -m seq2seq.decode --model runs/a/average.pt
+
+The paper's base model averages its last 5 checkpoints, written at 10-minute intervals; here
+they are the 5 highest steps in the directory. The mean is taken over canonical weights
+(``common.weights``), so it works for any variant, and the model file it writes loads into any
+variant (``seq2seq.checkpoint.build_model``). Each tensor's mean is computed in float64 and
+stored in the tensor's own dtype; averaging one checkpoint returns its weights unchanged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from common.cli import Parser, positive
+from seq2seq.checkpoint import ModelFile, list_checkpoints, load, save
+
+
+def average_weights(states: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
+    """The element-wise mean of canonical weight dicts that share names, shapes and dtypes."""
+    if isinstance(states, Mapping) or not isinstance(states, Sequence):
+        raise TypeError(f"states must be a sequence of weight dicts, got {type(states).__name__}")
+    if not states:
+        raise ValueError("nothing to average: no weights given")
+    first = states[0]
+    for index, state in enumerate(states[1:], start=1):
+        problems = [f"key {name} missing" for name in first if name not in state]
+        problems += [f"unexpected key {name}" for name in state if name not in first]
+        problems += [f"key {name}: {tuple(state[name].shape)} {state[name].dtype}, the first has "
+                     f"{tuple(first[name].shape)} {first[name].dtype}"
+                     for name in first if name in state and (state[name].shape != first[name].shape
+                                                             or state[name].dtype != first[name].dtype)]
+        if problems:
+            raise ValueError(f"weights {index} do not match weights 0:\n  " + "\n  ".join(problems))
+    return {name: torch.stack([state[name].double() for state in states]).mean(dim=0).to(tensor.dtype)
+            for name, tensor in first.items()}
+
+
+def average_files(paths: Sequence[str | os.PathLike]) -> ModelFile:
+    """A model file holding the mean weights of these checkpoints (or model files).
+
+    They must share one config; the variant and settings are the last file's.
+    """
+    if not paths:
+        raise ValueError("nothing to average: no files given")
+    records = [load(path) for path in paths]
+    last = records[-1]
+    for path, record in zip(paths, records, strict=True):
+        if record.config != last.config:
+            raise ValueError(f"{path} has another config than {paths[-1]}: {record.config} "
+                             f"against {last.config}")
+    return ModelFile(variant=last.variant, config=last.config, settings=last.settings,
+                     weights=average_weights([record.weights for record in records]))
+
+
+# --- command line --------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = Parser(prog="python -m seq2seq.average",
+                    description="Average the weights of the last K checkpoints of a run into one "
+                                "model file that python -m seq2seq.decode loads.")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True,
+                        help="the run's directory of step-NNNNNNNN.pt checkpoints")
+    parser.add_argument("--last", type=positive(int), default=5, metavar="K",
+                        help="how many of the newest checkpoints (the paper: 5)")
+    parser.add_argument("--output", type=Path, required=True, help="the model file to write")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Pick the newest K checkpoints, average them, write the model file, say what was done."""
+    args = parse_args(argv)
+    found = list_checkpoints(args.checkpoint_dir)
+    if len(found) < args.last:
+        raise SystemExit(f"python -m seq2seq.average: error: --last {args.last} needs {args.last} "
+                         f"checkpoints, {args.checkpoint_dir} holds {len(found)}")
+    chosen = found[-args.last:]
+    try:
+        model = average_files(chosen)
+    except ValueError as error:
+        raise SystemExit(f"python -m seq2seq.average: error: {error}") from None
+    save(model, args.output)
+    print(f"averaged {len(chosen)} checkpoints ({', '.join(path.name for path in chosen)}) "
+          f"into {args.output}")
+
+
+if __name__ == "__main__":
+    main()
