@@ -1,17 +1,22 @@
 """Shared test helpers: a small config, random canonical weights, model pairs.
 
-Batches come from ``common.batches.random_batch``, which tests, scripts and benchmarks share.
+Batches come from ``common.batches.random_batch``, which tests, scripts and benchmarks share
+(``batch_with_pad_id`` below adapts it to a config whose ``pad_id`` is not 0).
 """
 
 from __future__ import annotations
 
 import torch
 
+from common.batches import Batch, random_batch
 from common.config import TransformerConfig
+from common.masks import decoder_mask, padding_mask
 from common.weights import canonical_shapes, import_weights, transfer
-from variants import build
+from variants import VARIANTS, build
 
 FLOAT64_TOL = dict(atol=1e-10, rtol=0.0)
+REFERENCE = "torch"  # the row whose output is the expected value, never a subject beside itself
+SUBJECTS = tuple(name for name in VARIANTS if name != REFERENCE)
 
 
 def small_config(**changes) -> TransformerConfig:
@@ -23,7 +28,8 @@ def small_config(**changes) -> TransformerConfig:
 
 def random_canonical(config: TransformerConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     """Every canonical tensor random and distinct (norms and biases too), so a map that
-    swaps, transposes or drops any weight changes the output."""
+    swaps, transposes or drops any weight changes the output; with ``share_embeddings`` the
+    three tied names hold the source embedding's one tensor."""
     generator = torch.Generator().manual_seed(seed)
     state = {}
     for name, shape in canonical_shapes(config).items():
@@ -35,6 +41,8 @@ def random_canonical(config: TransformerConfig, seed: int = 0) -> dict[str, torc
         else:
             tensor = 0.3 * tensor
         state[name] = tensor
+    if config.share_embeddings:
+        state["tgt_embed.weight"] = state["generator.weight"] = state["src_embed.weight"]
     return state
 
 
@@ -45,3 +53,23 @@ def reference_and(name: str, config: TransformerConfig, seed: int = 0):
     model = build(name, config)
     transfer(reference, model)
     return reference.eval(), model.eval()
+
+
+def batch_with_pad_id(config: TransformerConfig, batch: int = 3, src_len: int = 7, tgt_len: int = 5,
+                      *, seed: int = 0) -> Batch:
+    """``random_batch`` for any ``config.pad_id``: the same layout (row r ends in r padding
+    tokens, every row keeps a real source token and a real first target token).
+
+    ``random_batch`` draws real ids from [1, vocab), which holds a non-zero pad_id, so there a
+    "real" token can be padding and a row can lose its every key. Here the batch is drawn with
+    pad 0, then ids 0 and pad_id swap places: a permutation of the ids, padding exactly where
+    ``random_batch`` put it.
+    """
+    pad = config.pad_id
+    drawn = random_batch(config.replace(pad_id=0), batch, src_len, tgt_len, seed=seed)
+
+    def swap(ids: torch.Tensor) -> torch.Tensor:
+        return torch.where(ids == 0, pad, torch.where(ids == pad, 0, ids))
+
+    src, tgt, labels = swap(drawn.src), swap(drawn.tgt), swap(drawn.labels)
+    return Batch(src, tgt, labels, padding_mask(src, pad), decoder_mask(tgt, pad))
