@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import SUBJECTS
 from variants import VARIANTS
 
 
@@ -21,6 +22,13 @@ def one_thread():
 @pytest.fixture(params=VARIANTS)
 def variant(request) -> str:
     """Each registered variant in turn: a new variant joins every test that takes this fixture."""
+    return request.param
+
+
+@pytest.fixture(params=SUBJECTS)
+def subject_variant(request) -> str:
+    """Each registered variant but the reference (``tests.helpers.REFERENCE``), for tests whose
+    expected value is the reference's own output: the reference is not compared with itself."""
     return request.param
 
 

@@ -7,7 +7,7 @@ import torch
 
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
-from tests.helpers import small_config
+from tests.helpers import REFERENCE, small_config
 from variants import VARIANTS, build
 
 
@@ -43,12 +43,29 @@ def test_interface_shapes(variant):
     torch.testing.assert_close(log_probs.exp().sum(-1), torch.ones(2, 4))
 
 
-def test_parameter_count_is_the_same_in_every_variant(variant):
-    config = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, src_vocab_size=50,
-                               tgt_vocab_size=40)
-    count = sum(p.numel() for p in build(variant, config).parameters())
-    reference = sum(p.numel() for p in build("torch", config).parameters())
+COUNT_CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=64, src_vocab_size=50,
+                                 tgt_vocab_size=40)
+
+
+def test_parameter_count_is_the_same_in_every_variant(subject_variant):
+    count = sum(p.numel() for p in build(subject_variant, COUNT_CONFIG).parameters())
+    reference = sum(p.numel() for p in build(REFERENCE, COUNT_CONFIG).parameters())
     assert count == reference
+
+
+def test_parameter_count_is_the_architectures(variant):
+    """Counted from DESIGN.md's architecture, the reference included: two embedding tables,
+    per encoder layer one attention (four D x D projections with bias), a D-F-D feed-forward
+    and two LayerNorms, per decoder layer two attentions and three LayerNorms, two final
+    LayerNorms and the generator with its bias."""
+    d, f, n = 32, 64, 2
+    attention = 4 * (d * d + d)
+    feed_forward = (d * f + f) + (f * d + d)
+    norm = 2 * d
+    expected = ((50 + 40) * d + n * (attention + feed_forward + 2 * norm)
+                + n * (2 * attention + feed_forward + 3 * norm) + 2 * norm + (40 * d + 40))
+    assert expected == 47_080  # 2,880 + 2 x 8,544 + 2 x 12,832 + 128 + 1,320
+    assert sum(p.numel() for p in build(variant, COUNT_CONFIG).parameters()) == expected
 
 
 def test_dropout_is_active_in_training_only(variant):

@@ -2,30 +2,44 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from common.batches import random_batch
+from common.config import TransformerConfig
 from common.weights import export_gradients
-from tests.helpers import FLOAT64_TOL, reference_and, small_config
+from tests.equivalence.test_dropout import DROPOUT_CONFIGS
+from tests.equivalence.test_tied import TIED_CONFIGS
+from tests.helpers import FLOAT64_TOL, REFERENCE, SUBJECTS, batch_with_pad_id, reference_and, small_config
 from variants import VARIANTS, build
 
+# The config fields the defaults leave alone: a LayerNorm eps far from 1e-6 (a variant that
+# hard-codes 1e-6 moves log-probs by about eps / 2 relative) and a padding id other than 0;
+# and shared embeddings, over small_config's target vocabulary for both.
+OTHER_FIELDS = dict(norm_eps=0.05, pad_id=3)
+TIED = dict(share_embeddings=True, src_vocab_size=19)
 LAYOUTS = [
     pytest.param(dict(norm_first=False, n_layers=1), id="post-norm-1-layer"),
     pytest.param(dict(norm_first=False, n_layers=3), id="post-norm-3-layers"),
     pytest.param(dict(norm_first=True, n_layers=1), id="pre-norm-1-layer"),
     pytest.param(dict(norm_first=True, n_layers=3), id="pre-norm-3-layers"),
+    pytest.param(dict(norm_first=False, n_layers=2, **OTHER_FIELDS), id="post-norm-eps-pad"),
+    pytest.param(dict(norm_first=True, n_layers=2, **OTHER_FIELDS), id="pre-norm-eps-pad"),
+    pytest.param(dict(norm_first=False, n_layers=2, **TIED), id="post-norm-tied"),
+    pytest.param(dict(norm_first=True, n_layers=2, **TIED), id="pre-norm-tied"),
 ]
 SHAPES = [pytest.param((3, 7, 5), id="S>T"), pytest.param((2, 4, 9), id="S<T")]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_log_probs_match_reference(variant, layout, shape):
+def test_log_probs_match_reference(subject_variant, layout, shape):
     config = small_config(**layout)
-    reference, model = reference_and(variant, config)
-    src, tgt, src_mask, tgt_mask = random_batch(config, *shape).inputs()
+    reference, model = reference_and(subject_variant, config)
+    src, tgt, src_mask, tgt_mask = batch_with_pad_id(config, *shape).inputs()
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt, src_mask, tgt_mask),
                                    reference(src, tgt, src_mask, tgt_mask))
@@ -35,10 +49,10 @@ def test_log_probs_match_reference(variant, layout, shape):
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_encode_decode_project_match_reference(variant, norm_first):
+def test_encode_decode_project_match_reference(subject_variant, norm_first):
     """The three stages agree one by one, not only composed."""
     config = small_config(norm_first=norm_first)
-    reference, model = reference_and(variant, config)
+    reference, model = reference_and(subject_variant, config)
     reference.double(), model.double()
     src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
     with torch.no_grad():
@@ -50,10 +64,10 @@ def test_encode_decode_project_match_reference(variant, norm_first):
         torch.testing.assert_close(model.project(hidden), reference.project(hidden), **FLOAT64_TOL)
 
 
-def test_masks_are_optional(variant):
+def test_masks_are_optional(subject_variant):
     """``None`` attends everywhere, as in the reference."""
     config = small_config()
-    reference, model = reference_and(variant, config)
+    reference, model = reference_and(subject_variant, config)
     reference.double(), model.double()
     src, tgt, _, _ = random_batch(config).inputs()
     with torch.no_grad():
@@ -65,11 +79,12 @@ def nll(log_probs: torch.Tensor, tgt: torch.Tensor, pad_id: int) -> torch.Tensor
     return F.nll_loss(log_probs[:, :-1].flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=pad_id)
 
 
+@pytest.mark.parametrize("fields", [{}, OTHER_FIELDS, TIED], ids=["default-fields", "eps-pad", "tied"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_gradients_match_reference(variant, norm_first):
-    config = small_config(norm_first=norm_first, dropout=0.0)
-    reference, model = reference_and(variant, config)
-    src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
+def test_gradients_match_reference(subject_variant, norm_first, fields):
+    config = small_config(norm_first=norm_first, dropout=0.0, **fields)
+    reference, model = reference_and(subject_variant, config)
+    src, tgt, src_mask, tgt_mask = batch_with_pad_id(config).inputs()
     grads = []
     for m in (reference, model):
         m.double().train()
@@ -92,8 +107,23 @@ def test_same_seed_same_function(norm_first):
         model = build(name, config, seed=0).eval().double()
         with torch.no_grad():
             outputs[name] = model(src, tgt, src_mask, tgt_mask)
-    for name in VARIANTS:
-        torch.testing.assert_close(outputs[name], outputs["torch"], **FLOAT64_TOL, msg=name)
-    other = build("torch", config, seed=1).eval().double()
+    for name in SUBJECTS:
+        torch.testing.assert_close(outputs[name], outputs[REFERENCE], **FLOAT64_TOL, msg=name)
+    other = build(REFERENCE, config, seed=1).eval().double()
     with torch.no_grad():
-        assert not torch.allclose(other(src, tgt, src_mask, tgt_mask), outputs["torch"])
+        assert not torch.allclose(other(src, tgt, src_mask, tgt_mask), outputs[REFERENCE])
+
+
+def test_every_config_field_takes_a_non_default_value_in_some_equivalence_test():
+    """A variant that ignores a field (hard-codes eps, say) agrees with the reference wherever
+    the field keeps its default, so each field must differ from its default in some config
+    that the equivalence tests run: these layouts, the dropout test's (dropout is only seen
+    in train mode) or the tied models' (share_embeddings needs tied weights). A new field of
+    TransformerConfig fails here until a layout sets it."""
+    configs = ([small_config(**layout.values[0]) for layout in LAYOUTS] + list(DROPOUT_CONFIGS)
+               + list(TIED_CONFIGS.values()))
+    default = TransformerConfig()
+    unexercised = [field.name for field in dataclasses.fields(TransformerConfig)
+                   if all(getattr(config, field.name) == getattr(default, field.name)
+                          for config in configs)]
+    assert not unexercised, f"no equivalence test sets these fields off their default: {unexercised}"
