@@ -1,7 +1,8 @@
-"""Input checks shared by every variant's encode/decode/project/forward, run before any tensor work.
+"""Input checks shared by every variant's encode/decode/project/forward and its cached decoding
+(start_cache/decode_step), run before any tensor work.
 
-Each check raises TypeError (wrong kind of thing) or ValueError (wrong shape, range or
-device) with a message that names the argument, what it got and what was expected, so bad
+Each check raises TypeError (wrong kind of thing, dtype included) or ValueError (wrong shape,
+range or device) with a message that names the argument, what it got and what was expected, so bad
 input never turns into a silent broadcast, an index error deep inside a layer, or a CUDA
 device-side assert.
 """
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from common.cache import DecoderCache
 
 # nn.Embedding (and advanced indexing, which reads uint8 as a boolean mask) take these only
 ID_DTYPES = (torch.int64, torch.int32)
@@ -37,18 +40,40 @@ def check_target(
     """The arguments of ``decode``: (B, T) target ids, (B, S, D) encoder output, two masks."""
     config, device = model.config, model_device(model)
     _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
-    batch = tgt.shape[0]
-    _check_tensor("memory", memory, device)
-    if not memory.is_floating_point():
-        raise TypeError(f"memory must be a floating-point tensor, got dtype {memory.dtype}")
-    if memory.ndim != 3 or memory.shape[0] != batch or memory.shape[2] != config.d_model:
-        raise ValueError(
-            f"memory must have shape (B={batch}, S, d_model={config.d_model}) to match tgt, "
-            f"got {tuple(memory.shape)}"
-        )
-    if memory.shape[1] == 0:
-        raise ValueError(f"memory is empty: shape {tuple(memory.shape)}; need S >= 1")
+    _check_memory(model, memory, tgt.shape[0])
     _check_decoder_masks(model, tgt, memory.shape[1], src_mask, tgt_mask, device)
+
+
+def check_start(model: nn.Module, memory: Tensor, src_mask: Tensor | None) -> None:
+    """The arguments of ``start_cache``: (B, S, D) encoder output and a mask over its keys."""
+    _check_memory(model, memory)
+    batch, src_len, _ = memory.shape
+    # one mask serves every step, so it masks keys only: its query dimension is 1
+    _check_mask("src_mask", src_mask, (batch, model.config.n_heads, 1, src_len), model_device(model))
+
+
+def check_step(model: nn.Module, tgt: Tensor, cache: object) -> None:
+    """The arguments of ``decode_step``: (B, 1) next ids, and a cache this model started for B rows
+    that still has a position left and matches the model's dtype and device."""
+    config, device = model.config, model_device(model)
+    if not isinstance(cache, DecoderCache):
+        raise TypeError(f"cache must be a DecoderCache from model.start_cache, got {type(cache).__name__}")
+    if not cache.started_by(model):
+        raise ValueError("cache was started by another model; start one with this model's start_cache")
+    _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
+    if tgt.shape != (cache.batch_size, 1):
+        raise ValueError(
+            f"tgt must hold one new id per cached row, shape (B={cache.batch_size}, 1), "
+            f"got {tuple(tgt.shape)}"
+        )
+    if cache.length >= config.max_seq_len:
+        raise ValueError(
+            f"decode_step at position {cache.length} is past max_seq_len {config.max_seq_len} "
+            f"(positions 0..{config.max_seq_len - 1})"
+        )
+    if cache.device != device:
+        raise ValueError(f"cache is on {cache.device} but the model is on {device}; start a new one")
+    _check_dtype("cache", cache.dtype, model, device)
 
 
 def check_forward(
@@ -87,9 +112,7 @@ def check_same_batch(src: Tensor, tgt: Tensor) -> None:
 
 def check_hidden(model: nn.Module, hidden: Tensor) -> None:
     """The argument of ``project``: decoder output of width d_model."""
-    _check_tensor("hidden", hidden, model_device(model))
-    if not hidden.is_floating_point():
-        raise TypeError(f"hidden must be a floating-point tensor, got dtype {hidden.dtype}")
+    _check_floating("hidden", hidden, model)
     if hidden.ndim < 1 or hidden.shape[-1] != model.config.d_model:
         raise ValueError(
             f"hidden must have last dimension d_model={model.config.d_model}, "
@@ -103,6 +126,46 @@ def _check_tensor(name: str, value: object, device: torch.device) -> None:
     if value.device != device:
         raise ValueError(
             f"{name} is on {value.device} but the model is on {device}; move one of them"
+        )
+
+
+def model_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's floating-point parameters."""
+    return next(p.dtype for p in model.parameters() if p.dtype.is_floating_point)
+
+
+def _check_memory(model: nn.Module, memory: object, batch: int | None = None) -> None:
+    """(B, S, D) encoder output in the model's dtype, on its device; B = ``batch`` if given."""
+    d_model = model.config.d_model
+    _check_floating("memory", memory, model)
+    if memory.ndim != 3 or memory.shape[2] != d_model or batch not in (None, memory.shape[0]):
+        expected = f"(B, S, d_model={d_model})" if batch is None else \
+            f"(B={batch}, S, d_model={d_model}) to match tgt"
+        raise ValueError(f"memory must have shape {expected}, got {tuple(memory.shape)}")
+    if 0 in memory.shape:
+        raise ValueError(f"memory is empty: shape {tuple(memory.shape)}; need B >= 1 and S >= 1")
+
+
+def _check_floating(name: str, value: object, model: nn.Module) -> None:
+    """A floating-point tensor on the model's device, in the model's dtype (or autocast's)."""
+    device = model_device(model)
+    _check_tensor(name, value, device)
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    _check_dtype(name, value.dtype, model, device)
+
+
+def _check_dtype(name: str, dtype: torch.dtype, model: nn.Module, device: torch.device) -> None:
+    """Activations come in the parameters' dtype, or under autocast in autocast's: anything else
+    would fail inside the first matrix product (or, for a wider type, silently upcast)."""
+    expected = model_dtype(model)
+    allowed = {expected}
+    if device.type != "meta" and torch.is_autocast_enabled(device.type):
+        allowed.add(torch.get_autocast_dtype(device.type))
+    if dtype not in allowed:
+        raise TypeError(
+            f"{name} has dtype {dtype} but the model's parameters are {expected}; "
+            f"cast one of them to the other (model.to(dtype) or {name}.to(dtype))"
         )
 
 

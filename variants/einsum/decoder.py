@@ -3,6 +3,7 @@
 Shape legend:
     B  batch            S  source length      T  target length
     D  model dim (d_model)                    V  target vocabulary size
+    t  positions decoded so far, this one included (a cached decode step's keys)
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.positions import sinusoid_table
 from variants.einsum.decoder_block import DecoderBlock
@@ -36,11 +38,28 @@ class Decoder(nn.Module):
     def forward(
         self, trg: Tensor, enc_out: Tensor, src_mask: Tensor | None, trg_mask: Tensor | None
     ) -> Tensor:
-        x = self.word_embedding(trg) * self.embed_scale  # (B, T, D)
-        x = self.dropout(x + self.position_table[: trg.shape[1]].to(x.dtype))  # (B, T, D)
+        x = self.embed(trg)  # (B, T, D)
         for layer in self.layers:
             x = layer(x, enc_out, enc_out, src_mask, trg_mask)  # value = key = the encoder output
         return self.norm(x)  # (B, T, D)
+
+    def embed(self, trg: Tensor, start: int = 0) -> Tensor:
+        """Word embeddings plus the positions start, start + 1, ... (a decode step's is t)."""
+        x = self.word_embedding(trg) * self.embed_scale  # (B, T, D)
+        return self.dropout(x + self.position_table[start : start + trg.shape[1]].to(x.dtype))  # (B, T, D)
+
+    def start_cache(self, enc_out: Tensor) -> list[LayerCache]:
+        return [layer.start_cache(enc_out) for layer in self.layers]
+
+    def step(
+        self, trg: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None,
+        trg_mask: Tensor,
+    ) -> Tensor:
+        """(B, 1) ids at ``position`` -> (B, 1, D), reading and growing each layer's cache."""
+        x = self.embed(trg, start=position)  # (B, 1, D)
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x = layer.step(x, layer_cache, src_mask, trg_mask)
+        return self.norm(x)  # (B, 1, D)
 
     def generate(self, hidden: Tensor) -> Tensor:
         """Hidden states -> log-probabilities over the target vocabulary (the source's fc_out)."""

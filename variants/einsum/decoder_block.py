@@ -2,12 +2,15 @@
 
 Shape legend:
     B  batch            S  source length      T  target length     D  model dim (d_model)
+    H  heads            Dh head dim
+    t  positions decoded so far, this one included (a cached decode step's keys)
 """
 
 from __future__ import annotations
 
 from torch import Tensor, nn
 
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from variants.einsum.self_attention import SelfAttention
 from variants.einsum.transformer_block import TransformerBlock
@@ -35,3 +38,21 @@ class DecoderBlock(nn.Module):
             query = self.norm(x + self.dropout(self.attention(x, x, x, trg_mask)))  # (B, T, D)
         # value and key from the encoder, query from the decoder, residual on the query
         return self.transformer_block(value, key, query, src_mask)  # (B, T, D)
+
+    def start_cache(self, enc_out: Tensor) -> LayerCache:
+        """The transformer block's values and keys of the encoder output, once per source; no
+        self-attention value or key yet (the projections of zero positions, (B, 0, H, Dh))."""
+        cross_values, cross_keys = self.transformer_block.attention.project(enc_out, enc_out)
+        no_position = enc_out[:, :0]  # (B, 0, D)
+        self_values, self_keys = self.attention.project(no_position, no_position)
+        return LayerCache(self_keys, self_values, cross_keys, cross_values)
+
+    def step(
+        self, x: Tensor, cache: LayerCache, src_mask: Tensor | None, trg_mask: Tensor
+    ) -> Tensor:
+        """``forward`` for one new position x (B, 1, D), its values and keys read from ``cache``."""
+        if self.norm_first:
+            query = x + self.dropout(self.attention.step(self.norm(x), cache, trg_mask))  # (B, 1, D)
+        else:
+            query = self.norm(x + self.dropout(self.attention.step(x, cache, trg_mask)))  # (B, 1, D)
+        return self.transformer_block.step(cache.cross_values, cache.cross_keys, query, src_mask)

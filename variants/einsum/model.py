@@ -21,6 +21,7 @@ from typing import ClassVar
 
 from torch import Tensor
 
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.masks import decoder_mask, padding_mask
@@ -60,6 +61,14 @@ class Transformer(EncoderDecoder):
         self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
         return self.decoder(tgt, memory, src_mask, tgt_mask)  # (B, T, D)
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return self.decoder.start_cache(memory)
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        return self.decoder.step(tgt, position, cache, src_mask, tgt_mask)  # (B, 1, D)
 
     def _project(self, hidden: Tensor) -> Tensor:
         return self.decoder.generate(hidden)  # (B, T, V)

@@ -3,6 +3,7 @@
 Shape legend:
     B  batch            S  key/value length (the source's, or T in self-attention)
     T  query length     D  model dim (d_model)    F  feed-forward dim (d_ff)
+    H  heads            Dh head dim
 """
 
 from __future__ import annotations
@@ -59,3 +60,13 @@ class TransformerBlock(nn.Module):
             return x + self.dropout(self.feed_forward(self.norm2(x)))  # (B, T, D)
         x = self.norm1(query + self.dropout(self.attention(value, key, query, mask)))  # (B, T, D)
         return self.norm2(x + self.dropout(self.feed_forward(x)))  # (B, T, D)
+
+    def step(self, values: Tensor, keys: Tensor, query: Tensor, mask: Tensor | None) -> Tensor:
+        """The decoder role for one new position, query (B, 1, D), decoding with a cache: the
+        attention reads values and keys projected once per source, (B, S, H, Dh) each."""
+        if self.norm_first:
+            attended = self.attention.attend(values, keys, self.norm1(query), mask)  # (B, 1, D)
+            x = query + self.dropout(attended)  # (B, 1, D)
+            return x + self.dropout(self.feed_forward(self.norm2(x)))  # (B, 1, D)
+        x = self.norm1(query + self.dropout(self.attention.attend(values, keys, query, mask)))  # (B, 1, D)
+        return self.norm2(x + self.dropout(self.feed_forward(x)))  # (B, 1, D)

@@ -9,6 +9,7 @@ Shape legend:
     B  batch            S  source length     T  target length (or the query length)
     H  heads            Dh head dim          D  model dim (d_model)
     F  feed-forward dim V  vocabulary size
+    t  positions decoded so far, this one included (a cached decode step's keys)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.masks import mask_scores
@@ -49,8 +51,9 @@ class PositionalEncoding(nn.Module):
                              persistent=False)  # (max_seq_len, D)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(x + self.pe[: x.shape[1]].to(x.dtype))  # (B, S, D)
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """x holds positions start, start + 1, ...: one decode step passes its position t."""
+        return self.dropout(x + self.pe[start : start + x.shape[1]].to(x.dtype))  # (B, S, D)
 
 
 class LayerNormalization(nn.Module):
@@ -109,14 +112,32 @@ class MultiHeadAttention(nn.Module):
         return dropout(weights) @ v  # (B, H, T, Dh)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        batch, q_len, _ = q.shape
-        k_len = k.shape[1]
-        query = self.wq(q).view(batch, q_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        key, value = self.keys_values(k, v)  # (B, H, S, Dh) each
+        return self.attend(q, key, value, mask)  # (B, T, D)
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v (B, S, D) projected by W_k, W_v and split into heads."""
+        batch, k_len, _ = k.shape
         key = self.wk(k).view(batch, k_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
         value = self.wv(v).view(batch, k_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        return key, value
+
+    def attend(self, q: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
+        """q (B, T, D) attends over keys and values already projected: (B, H, S, Dh) each."""
+        batch, q_len, _ = q.shape
+        query = self.wq(q).view(batch, q_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
         x = self.attention(query, key, value, mask, self.dropout)  # (B, H, T, Dh)
         x = x.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, T, D)
         return self.wo(x)  # (B, T, D)
+
+    def step(self, x: Tensor, cache: LayerCache, mask: Tensor | None) -> Tensor:
+        """Self-attention of one new position x (B, 1, D) over itself and every earlier one.
+
+        Its key and value are appended to the cache's (in place), so only x is projected."""
+        key, value = self.keys_values(x, x)  # (B, H, 1, Dh) each
+        cache.self_keys = torch.cat([cache.self_keys, key], dim=2)  # (B, H, t, Dh)
+        cache.self_values = torch.cat([cache.self_values, value], dim=2)  # (B, H, t, Dh)
+        return self.attend(x, cache.self_keys, cache.self_values, mask)  # (B, 1, D)
 
 
 class ResidualConnection(nn.Module):
@@ -195,6 +216,26 @@ class DecoderBlock(nn.Module):
         )
         return self.feed_forward_residual(x, self.feed_forward)  # (B, T, D)
 
+    def start_cache(self, encoder_output: Tensor) -> LayerCache:
+        """Cross-attention keys and values of the encoder output, once per source; no
+        self-attention key or value yet (the projections of zero positions, (B, H, 0, Dh))."""
+        cross_keys, cross_values = self.cross_attn.keys_values(encoder_output, encoder_output)
+        no_position = encoder_output[:, :0]  # (B, 0, D)
+        self_keys, self_values = self.self_attn.keys_values(no_position, no_position)
+        return LayerCache(self_keys, self_values, cross_keys, cross_values)
+
+    def step(
+        self, x: Tensor, cache: LayerCache, src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        """``forward`` for one new position x (B, 1, D), its keys and values read from ``cache``."""
+        # masked self-attention over every position so far: x's key and value join the cache
+        x = self.self_attn_residual(x, lambda x: self.self_attn.step(x, cache, tgt_mask))
+        # cross-attention over the encoder output's keys and values, projected once per source
+        x = self.cross_attn_residual(
+            x, lambda x: self.cross_attn.attend(x, cache.cross_keys, cache.cross_values, src_mask)
+        )
+        return self.feed_forward_residual(x, self.feed_forward)  # (B, 1, D)
+
 
 class Decoder(nn.Module):
     """N decoder blocks, then a final LayerNorm."""
@@ -210,6 +251,16 @@ class Decoder(nn.Module):
         for layer in self.layers:
             x = layer(x, encoder_output, src_mask, tgt_mask)
         return self.norm(x)  # (B, T, D)
+
+    def start_cache(self, encoder_output: Tensor) -> list[LayerCache]:
+        return [layer.start_cache(encoder_output) for layer in self.layers]
+
+    def step(
+        self, x: Tensor, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x = layer.step(x, layer_cache, src_mask, tgt_mask)
+        return self.norm(x)  # (B, 1, D)
 
 
 class ProjectionLayer(nn.Module):
@@ -249,6 +300,15 @@ class Transformer(EncoderDecoder):
     ) -> Tensor:
         x = self.tgt_pos(self.tgt_embed(tgt))  # (B, T, D)
         return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return self.decoder.start_cache(memory)
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        x = self.tgt_pos(self.tgt_embed(tgt), start=position)  # (B, 1, D): E[y_t] sqrt(D) + PE[t]
+        return self.decoder.step(x, cache, src_mask, tgt_mask)  # (B, 1, D)
 
     def _project(self, hidden: Tensor) -> Tensor:
         return self.projection(hidden)  # (B, T, V)

@@ -12,6 +12,7 @@ Shape legend:
     B  batch            S  source length     T  target length (or the query length)
     H  heads            Dh head dim          D  model dim (d_model)
     F  feed-forward dim V  vocabulary size
+    t  positions decoded so far, this one included (a cached decode step's keys)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.positions import sinusoid_table
@@ -92,8 +94,13 @@ class SelfAttention(Attention):
         super().__init__(config)
         self.qkv_proj = nn.Linear(config.d_model, 3 * config.d_model)  # D -> 3D
 
-    def forward(self, x: Tensor, mask: SdpaMask | None) -> Tensor:
+    def forward(self, x: Tensor, mask: SdpaMask | None, cache: LayerCache | None = None) -> Tensor:
+        """With ``cache``, x is one new position (B, 1, D): its key and value are appended to the
+        cache's (in place) and it attends over every position so far."""
         q, k, v = self.qkv_proj(x).split(self.d_model, dim=-1)  # 3 x (B, T, D)
+        if cache is not None:
+            cache.self_keys = k = torch.cat([cache.self_keys, k], dim=1)  # (B, t, D)
+            cache.self_values = v = torch.cat([cache.self_values, v], dim=1)  # (B, t, D)
         return self.attend(q, k, v, mask)
 
 
@@ -105,9 +112,16 @@ class CrossAttention(Attention):
         self.q_proj = nn.Linear(config.d_model, config.d_model)  # D -> D
         self.kv_proj = nn.Linear(config.d_model, 2 * config.d_model)  # D -> 2D
 
-    def forward(self, x: Tensor, memory: Tensor, mask: SdpaMask | None) -> Tensor:
-        k, v = self.kv_proj(memory).split(self.d_model, dim=-1)  # 2 x (B, S, D)
+    def forward(
+        self, x: Tensor, memory: Tensor | None, mask: SdpaMask | None, cache: LayerCache | None = None
+    ) -> Tensor:
+        """With ``cache``, the keys and values of the encoder output are the cache's (memory unread)."""
+        k, v = self.keys_values(memory) if cache is None else (cache.cross_keys, cache.cross_values)
         return self.attend(self.q_proj(x), k, v, mask)
+
+    def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.kv_proj(memory).split(self.d_model, dim=-1)  # 2 x (B, S, D)
+        return k, v
 
 
 class FeedForward(nn.Module):
@@ -159,15 +173,28 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)  # on each sublayer's output
 
     def forward(
-        self, x: Tensor, memory: Tensor, src_mask: SdpaMask | None, tgt_mask: SdpaMask | None
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        src_mask: SdpaMask | None,
+        tgt_mask: SdpaMask | None,
+        cache: LayerCache | None = None,
     ) -> Tensor:
+        """With ``cache`` (incremental decoding, as Hugging Face's ``past_key_value``), x is one new
+        position (B, 1, D) and the attentions read and grow the cache; ``memory`` is then None."""
         if self.norm_first:  # pre-norm; cross-attention normalises the query, never the memory
-            x = x + self.dropout(self.self_attn(self.norm1(x), tgt_mask))
-            x = x + self.dropout(self.cross_attn(self.norm2(x), memory, src_mask))
+            x = x + self.dropout(self.self_attn(self.norm1(x), tgt_mask, cache))
+            x = x + self.dropout(self.cross_attn(self.norm2(x), memory, src_mask, cache))
             return x + self.dropout(self.feed_forward(self.norm3(x)))
-        x = self.norm1(x + self.dropout(self.self_attn(x, tgt_mask)))
-        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, src_mask)))
+        x = self.norm1(x + self.dropout(self.self_attn(x, tgt_mask, cache)))
+        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, src_mask, cache)))
         return self.norm3(x + self.dropout(self.feed_forward(x)))  # (B, T, D)
+
+    def start_cache(self, memory: Tensor) -> LayerCache:
+        """The encoder output's keys and values, once per source; no self-attention key or value
+        yet (those of zero positions, (B, 0, D)). Kept with the heads merged, as projected."""
+        _, k, v = self.self_attn.qkv_proj(memory[:, :0]).split(self.self_attn.d_model, dim=-1)
+        return LayerCache(k, v, *self.cross_attn.keys_values(memory))
 
 
 class Encoder(nn.Module):
@@ -194,11 +221,17 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
     def forward(
-        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        src_mask: Tensor | None,
+        tgt_mask: Tensor | None,
+        cache: list[LayerCache] | None = None,
     ) -> Tensor:
         src, tgt = sdpa_mask(src_mask, x.dtype), sdpa_mask(tgt_mask, x.dtype)  # once for every layer
-        for layer in self.layers:
-            x = layer(x, memory, src, tgt)
+        caches = [None] * len(self.layers) if cache is None else cache  # a step's: one per layer
+        for layer, layer_cache in zip(self.layers, caches, strict=True):
+            x = layer(x, memory, src, tgt, layer_cache)
         return self.norm(x)  # (B, T, D)
 
 
@@ -220,10 +253,10 @@ class Transformer(EncoderDecoder):
         if config.share_embeddings:  # weight tying (section 3.4), as nanoGPT ties wte and lm_head
             self.src_embed.weight = self.tgt_embed.weight = self.generator.weight
 
-    def _embed(self, embedding: nn.Embedding, ids: Tensor) -> Tensor:
-        """E[ids] * sqrt(D) + PE[:L], then dropout (sections 3.4 and 3.5)."""
+    def _embed(self, embedding: nn.Embedding, ids: Tensor, start: int = 0) -> Tensor:
+        """E[ids] * sqrt(D) + PE[start:start + L], then dropout (sections 3.4 and 3.5)."""
         x = embedding(ids) * math.sqrt(self.config.d_model)
-        return self.dropout(x + self.pe[: ids.shape[1]].to(x.dtype))  # (B, L, D)
+        return self.dropout(x + self.pe[start : start + ids.shape[1]].to(x.dtype))  # (B, L, D)
 
     def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         return self.encoder(self._embed(self.src_embed, src), src_mask)  # (B, S, D)
@@ -232,6 +265,15 @@ class Transformer(EncoderDecoder):
         self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
         return self.decoder(self._embed(self.tgt_embed, tgt), memory, src_mask, tgt_mask)  # (B, T, D)
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return [layer.start_cache(memory) for layer in self.decoder.layers]
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        x = self._embed(self.tgt_embed, tgt, start=position)  # (B, 1, D)
+        return self.decoder(x, None, src_mask, tgt_mask, cache)  # (B, 1, D)
 
     def _project(self, hidden: Tensor) -> Tensor:
         return F.log_softmax(self.generator(hidden), dim=-1)  # (B, T, V)

@@ -11,6 +11,7 @@ Shape legend:
     B  batch            S  source length (or key length)   T  target length (or query length)
     H  heads            Dh head dim (d_k = d_v)           D  model dim (d_model)
     F  feed-forward dim V  vocabulary size                 L  max_seq_len
+    t  positions decoded so far, this one included (a cached decode step's keys)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.masks import mask_scores
 
@@ -79,8 +81,9 @@ class SinusoidalPositionalEncoding(nn.Module):
                              persistent=False)  # (L, D) float64
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(x + self.pe[: x.shape[1]].to(x.dtype))  # (B, S, D)
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        """x holds positions start, start + 1, ...: a decode step at position t adds PE[t]."""
+        return self.dropout(x + self.pe[start : start + x.shape[1]].to(x.dtype))  # (B, S, D)
 
 
 class LayerNorm(nn.Module):
@@ -188,15 +191,39 @@ class MultiHeadAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)
 
     def forward(self, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
+        return self.attend(Q, *self.keys_values(K, V), mask)  # (B, T, D)
+
+    def keys_values(self, K: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
+        """K W_k^h + b_k^h and V W_v^h + b_v^h for every head h: 2 x (B, H, S, Dh)."""
+        return _per_head(K, self.W_k, self.b_k), _per_head(V, self.W_v, self.b_v)
+
+    def attend(self, Q: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None = None) -> Tensor:
+        """MultiHead(Q, K, V) with the keys and values already projected, K_h = K W_k^h + b_k^h
+        and V_h = V W_v^h + b_v^h, (B, H, S, Dh) each."""
         dropout_p = self.dropout_p if self.training else 0.0
         heads = scaled_dot_product_attention(
             _per_head(Q, self.W_q, self.b_q),  # (B, H, T, Dh)
-            _per_head(K, self.W_k, self.b_k),  # (B, H, S, Dh)
-            _per_head(V, self.W_v, self.b_v),  # (B, H, S, Dh)
+            K_h,  # (B, H, S, Dh)
+            V_h,  # (B, H, S, Dh)
             mask,
             dropout_p,
         )  # (B, H, T, Dh)
         return einsum(heads, self.W_o, "b h t k, h k d -> b t d") + self.b_o  # (B, T, D)
+
+    def step(self, x_t: Tensor, cache: LayerCache, mask: Tensor | None = None) -> Tensor:
+        """Masked self-attention of position t, x_t (B, 1, D), over positions 1..t:
+
+            K_{1:t} = [K_{1:t-1}; x_t W^K + b^K],    V_{1:t} = [V_{1:t-1}; x_t W^V + b^V]
+            head_h = Attention(x_t W_q^h + b_q^h, K_{1:t}^h, V_{1:t}^h)
+
+        K_{1:t-1} and V_{1:t-1} are the cache's; it holds K_{1:t} and V_{1:t} afterwards (in
+        place). Row t of Q K^T depends on x_t and the rows of K up to t only — causality — so
+        this is row t of the full MultiHead(X, X, X) under the causal mask.
+        """
+        k_t, v_t = self.keys_values(x_t, x_t)  # (B, H, 1, Dh) each
+        cache.self_keys = torch.cat([cache.self_keys, k_t], dim=-2)  # K_{1:t}: (B, H, t, Dh)
+        cache.self_values = torch.cat([cache.self_values, v_t], dim=-2)  # V_{1:t}: (B, H, t, Dh)
+        return self.attend(x_t, cache.self_keys, cache.self_values, mask)  # (B, 1, D)
 
     def attention_map(self, Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
         """Every head's softmax(Q W_q^h (K W_k^h)^T / √d_k): (B, H, T, S), what the heads look at."""

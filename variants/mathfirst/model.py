@@ -8,6 +8,7 @@ Shape legend:
     B  batch            S  source length     T  target length
     H  heads            Dh head dim          D  model dim (d_model)
     F  feed-forward dim V  vocabulary size
+    t  positions decoded so far, this one included (a cached decode step's keys)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.weights import Param
@@ -87,6 +89,24 @@ class DecoderLayer(nn.Module):
         x = self.cross_attn_add_norm(x, lambda h: self.cross_attn(h, memory, memory, src_mask))
         return self.feed_forward_add_norm(x, self.feed_forward)  # (B, T, D)
 
+    def start_cache(self, memory: Tensor) -> LayerCache:
+        """The cross-attention's m W_k^h + b_k^h and m W_v^h + b_v^h, once per source, and
+        K_{1:0}, V_{1:0}: the self-attention's keys and values of no position, (B, H, 0, Dh)."""
+        K_m, V_m = self.cross_attn.keys_values(memory, memory)  # (B, H, S, Dh) each
+        K_0, V_0 = self.self_attn.keys_values(memory[:, :0], memory[:, :0])  # (B, H, 0, Dh) each
+        return LayerCache(K_0, V_0, K_m, V_m)
+
+    def step(
+        self, x_t: Tensor, cache: LayerCache, src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        """The layer at position t alone, x_t (B, 1, D): its self-attention reads K_{1:t-1},
+        V_{1:t-1} from ``cache`` and appends x_t's; its cross-attention reads m's keys and values."""
+        x_t = self.self_attn_add_norm(x_t, lambda h: self.self_attn.step(h, cache, tgt_mask))
+        x_t = self.cross_attn_add_norm(
+            x_t, lambda h: self.cross_attn.attend(h, cache.cross_keys, cache.cross_values, src_mask)
+        )
+        return self.feed_forward_add_norm(x_t, self.feed_forward)  # (B, 1, D)
+
 
 class Encoder(nn.Module):
     """N encoder layers, then a final LayerNorm (as torch.nn.Transformer, in both modes)."""
@@ -116,6 +136,16 @@ class Decoder(nn.Module):
         for layer in self.layers:
             x = layer(x, memory, src_mask, tgt_mask)
         return self.norm(x)  # (B, T, D)
+
+    def start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return [layer.start_cache(memory) for layer in self.layers]
+
+    def step(
+        self, x_t: Tensor, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x_t = layer.step(x_t, layer_cache, src_mask, tgt_mask)
+        return self.norm(x_t)  # (B, 1, D)
 
 
 class Generator(nn.Module):
@@ -169,6 +199,15 @@ class Transformer(EncoderDecoder):
     ) -> Tensor:
         x = self.positional_encoding(self.tgt_embedding(tgt))  # (B, T, D)
         return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return self.decoder.start_cache(memory)
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        x_t = self.positional_encoding(self.tgt_embedding(tgt), start=position)  # E[y_t]·√D + PE[t]
+        return self.decoder.step(x_t, cache, src_mask, tgt_mask)  # (B, 1, D)
 
     def _project(self, hidden: Tensor) -> Tensor:
         return self.generator(hidden)  # (B, T, V)
