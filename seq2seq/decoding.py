@@ -1,17 +1,25 @@
-"""Greedy decoding through the interface every variant shares: encode, decode, project.
+"""Greedy decoding through the interface every variant shares, with a key/value cache where the
+model has one.
 
     tokens = greedy_decode(model.eval(), src, padding_mask(src, pad_id),
                            max_len=20, bos_id=1, eos_id=2)  # (B, L), L <= 20
 
 The source is encoded once. The target starts as BOS and grows by one token per step: the
-decoder reads the whole prefix under the usual causal and padding mask, and the generator's
-most likely next token at the last position is appended. A sequence that has produced EOS is
-finished; it is extended with padding from then on, and the loop ends as soon as every
-sequence in the batch is finished (or ``max_len`` is reached). Without a key/value cache each
-step recomputes the prefix, the price of going through the plain interface.
+generator's most likely next token is appended. A sequence that has produced EOS is finished;
+it is extended with padding from then on, and the loop ends as soon as every sequence in the
+batch is finished (or ``max_len`` is reached).
+
+``NextToken`` gives each step its log-probabilities. With a key/value cache (``model.has_cache``,
+every from-scratch variant) a step decodes the newest token only, ``decode_step``, reading the
+keys and values of the earlier ones from the cache. Without one (the torch reference, or
+``use_cache=False``) a step decodes the whole prefix under the usual causal and padding mask —
+about L²/2 decoder positions for L tokens instead of L, the cross-attention keys and values
+recomputed every step — and that is the specification the cache is tested against.
+``seq2seq.beam`` steps with it too.
 
 Shape legend:
-    B  batch    S  source length    L  generated length (BOS included)    V  target vocabulary
+    B  batch (or batch x beams)   S  source length   L  generated length (BOS included)
+    D  model dim                  V  target vocabulary
 """
 
 from __future__ import annotations
@@ -19,8 +27,43 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from common.cache import batch_first
 from common.config import TransformerConfig
 from common.masks import decoder_mask
+
+
+class NextToken:
+    """Next-token log-probabilities of a batch of prefixes that grow by one token per call.
+
+    Encodes the source once; with ``use_cache`` and a model that has a cache, starts it. Called
+    with the prefixes (B, L) — each call's one token longer than the last's — it returns the
+    (B, V) log-probabilities of the token after each: from the cache, one position decoded, or
+    by decoding the whole prefix again. ``reorder`` makes row i continue old row ``origin[i]``.
+    """
+
+    def __init__(self, model: nn.Module, src: Tensor, src_mask: Tensor | None, use_cache: bool) -> None:
+        self.model = model
+        self.memory = model.encode(src, src_mask)  # (B, S, D); encode checks src and src_mask
+        self.src_mask = None if src_mask is None else batch_first(src_mask, src.shape[0])
+        cached = use_cache and getattr(model, "has_cache", False)
+        self.cache = model.start_cache(self.memory, src_mask) if cached else None
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        if self.cache is not None:  # the earlier positions' keys and values are the cache's
+            hidden = self.model.decode_step(tokens[:, -1:], self.cache)  # (B, 1, D)
+        else:
+            tgt_mask = decoder_mask(tokens, self.model.config.pad_id)  # (B, 1, L, L)
+            hidden = self.model.decode(tokens, self.memory, self.src_mask, tgt_mask)[:, -1:]  # (B, 1, D)
+        return self.model.project(hidden)[:, -1]  # (B, V)
+
+    def reorder(self, origin: Tensor) -> None:
+        """Row i continues old row ``origin[i]`` (B',): the cache's rows, or the source's."""
+        if self.cache is not None:
+            self.cache.reorder(origin)
+            return
+        self.memory = self.memory.index_select(0, origin)  # (B', S, D)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask.index_select(0, origin)  # (B', 1, 1, S)
 
 
 @torch.no_grad()
@@ -32,25 +75,27 @@ def greedy_decode(
     max_len: int,
     bos_id: int,
     eos_id: int,
+    use_cache: bool = True,
 ) -> Tensor:
     """Most likely token at each step, batched: (B, S) source ids -> (B, L) target ids.
 
     Every row starts with ``bos_id``; after a row's ``eos_id`` it holds ``config.pad_id``.
     ``L <= max_len`` counts BOS; L is shorter when every row has reached EOS earlier.
     ``src_mask`` masks source keys, e.g. ``padding_mask(src, pad_id)`` of shape (B, 1, 1, S);
-    ``None`` attends everywhere, as in ``encode``. Dropout is the caller's business: put the
-    model in eval mode first for deterministic output. The model's mode is left unchanged.
+    ``None`` attends everywhere, as in ``encode``. ``use_cache=False`` decodes by full recompute
+    even where the model has a cache (the tokens are the same). Dropout is the caller's
+    business: put the model in eval mode first for deterministic output. The model's mode is
+    left unchanged.
     """
-    config = _check_arguments(model, src_mask, max_len, bos_id, eos_id)
+    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache)
     pad_id = config.pad_id
-    memory = model.encode(src, src_mask)  # (B, S, D); encode checks src and src_mask
+    next_token_logp = NextToken(model, src, src_mask, use_cache)
     batch = src.shape[0]
     tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (B,)
     # One step per generated position: each step needs the token the previous one chose.
     for _ in range(max_len - 1):
-        hidden = model.decode(tokens, memory, src_mask, decoder_mask(tokens, pad_id))  # (B, L, D)
-        next_token = model.project(hidden[:, -1]).argmax(dim=-1)  # (B,)
+        next_token = next_token_logp(tokens).argmax(dim=-1)  # (B,)
         next_token = next_token.masked_fill(finished, pad_id)  # finished rows only pad
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, L + 1)
         finished |= next_token == eos_id
@@ -59,10 +104,12 @@ def greedy_decode(
     return tokens
 
 
-def _check_arguments(
-    model: object, src_mask: object, max_len: object, bos_id: object, eos_id: object
+def check_arguments(
+    model: object, src_mask: object, max_len: object, bos_id: object, eos_id: object,
+    use_cache: object,
 ) -> TransformerConfig:
-    """Everything ``encode`` does not check itself; raises before any tensor work."""
+    """Everything ``encode`` does not check itself; raises before any tensor work. ``max_len``
+    None (beam search's default) is not checked."""
     if not isinstance(model, nn.Module) or not all(
         callable(getattr(model, method, None)) for method in ("encode", "decode", "project")
     ):
@@ -73,10 +120,13 @@ def _check_arguments(
     config = getattr(model, "config", None)
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"model.config must be a TransformerConfig, got {type(config).__name__}")
-    for name, value in (("max_len", max_len), ("bos_id", bos_id), ("eos_id", eos_id)):
+    if not isinstance(use_cache, bool):
+        raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__} {use_cache!r}")
+    lengths = [] if max_len is None else [("max_len", max_len)]
+    for name, value in (*lengths, ("bos_id", bos_id), ("eos_id", eos_id)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if not 1 <= max_len <= config.max_seq_len:
+    if max_len is not None and not 1 <= max_len <= config.max_seq_len:
         raise ValueError(
             f"max_len must lie in [1, max_seq_len={config.max_seq_len}] (it counts BOS), "
             f"got {max_len}"

@@ -1,5 +1,6 @@
-"""Greedy decoding: its EOS and padding contract, its argument checks, and equal tokens in
-every variant from equal weights."""
+"""Greedy decoding: its EOS and padding contract, its argument checks, the key/value cache used
+where the model has one (the same tokens as full recompute), and equal tokens in every variant
+from equal weights."""
 
 from __future__ import annotations
 
@@ -9,11 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.config import TransformerConfig
-from common.masks import decoder_mask, padding_mask
-from common.weights import export_weights, import_weights
+from common.masks import decoder_mask
 from seq2seq import tasks
 from seq2seq.decoding import greedy_decode
-from seq2seq.train import Recipe, task_batches, train
 from tests.helpers import small_config
 from variants import VARIANTS, build
 
@@ -103,6 +102,7 @@ BAD_ARGUMENTS = [
     pytest.param(dict(src_mask=torch.ones(2, 1, 1, 5)), TypeError, "src_mask",
                  id="src_mask-not-bool"),
     pytest.param(dict(model=object()), TypeError, "model", id="model-not-a-module"),
+    pytest.param(dict(use_cache=1), TypeError, "use_cache", id="use_cache-not-bool"),
 ]
 
 
@@ -117,33 +117,51 @@ def test_bad_arguments_are_named(changes, error, match):
         greedy_decode(model, src, src_mask, **arguments)
 
 
-@pytest.fixture(scope="module")
-def copy_model_weights():
-    """Canonical weights of a small model trained briefly on the copy task: its decodings are
-    varied (some right, some wrong, of many lengths), unlike a random model's."""
-    config = TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, dropout=0.0,
-                               src_vocab_size=10, tgt_vocab_size=10, max_seq_len=10)
-    model = build("torch", config, seed=0)
-    batches = task_batches("copy", 32, vocab_size=10, min_len=1, max_len=8, seed=0)
-    train(model, batches, steps=150, recipe=Recipe(warmup=50, lr_factor=1.5))
-    return config, export_weights(model)
-
-
-def test_same_weights_same_tokens_in_every_variant(copy_model_weights):
-    """float64, so that no near-tie between two logits can be broken differently."""
-    config, weights = copy_model_weights
-    src, _ = tasks.sample_batch("copy", 64, vocab_size=10, min_len=1, max_len=8,
-                                generator=torch.Generator().manual_seed(1))
+def test_same_weights_same_tokens_in_every_variant(copy_model):
+    """float64, so that no near-tie between two logits can be broken differently. Every
+    from-scratch variant decodes with its cache, the reference by full recompute."""
     decoded = {}
     for name in VARIANTS:
-        model = build(name, config)
-        import_weights(model, weights)
-        model.double().eval()
-        decoded[name] = greedy_decode(model, src, padding_mask(src, config.pad_id), max_len=10,
+        model = copy_model.build(name, torch.float64)
+        decoded[name] = greedy_decode(model, copy_model.src, copy_model.src_mask, max_len=10,
                                       bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
     reference = decoded["torch"]
     ended = (reference == tasks.EOS_ID).any(dim=1)
-    lengths = (reference != config.pad_id).sum(dim=1)
+    lengths = (reference != copy_model.config.pad_id).sum(dim=1)
     assert ended.any() and len(lengths.unique()) > 3, "a degenerate decoding would prove little"
     for name in VARIANTS:
         assert torch.equal(decoded[name], reference), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_cached_and_uncached_greedy_give_the_same_tokens(copy_model, variant, dtype):
+    model = copy_model.build(variant, dtype)
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    cached = greedy_decode(model, copy_model.src, copy_model.src_mask, **arguments)
+    uncached = greedy_decode(model, copy_model.src, copy_model.src_mask, use_cache=False, **arguments)
+    assert torch.equal(cached, uncached)
+
+
+def test_greedy_steps_with_the_cache_where_the_model_has_one(copy_model, variant, monkeypatch):
+    """One decode_step per generated token and no full decode, where there is a cache; the
+    reference, and use_cache=False, decode the whole prefix instead."""
+    model = copy_model.build(variant)
+    calls = {"decode": 0, "decode_step": 0}
+    for method in calls:
+        monkeypatch.setattr(model, method, counting(calls, method, getattr(model, method)))
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    tokens = greedy_decode(model, copy_model.src, copy_model.src_mask, **arguments)
+    steps = tokens.shape[1] - 1
+    assert calls == ({"decode": 0, "decode_step": steps} if model.has_cache
+                     else {"decode": steps, "decode_step": 0})
+    calls.update(decode=0, decode_step=0)
+    greedy_decode(model, copy_model.src, copy_model.src_mask, use_cache=False, **arguments)
+    assert calls == {"decode": steps, "decode_step": 0}
+
+
+def counting(calls: dict[str, int], method: str, original):
+    """``original``, counting its calls in ``calls[method]``."""
+    def counted(*args):
+        calls[method] += 1
+        return original(*args)
+    return counted
