@@ -11,8 +11,9 @@ import torch
 from common.batches import random_batch
 from common.masks import padding_mask
 from common.weights import export_gradients, export_weights, import_weights, transfer
+from scripts import low_precision
 from scripts.low_precision import CONFIG as LOW_PRECISION_CONFIG
-from scripts.low_precision import LOW_PRECISION_ATOL
+from scripts.low_precision import MEASURED
 from tests.helpers import FLOAT64_TOL, small_config
 from variants import VARIANTS, build
 
@@ -21,12 +22,20 @@ from variants import VARIANTS, build
 # and the tests of it are parametrised over this tuple instead of the ``variant`` fixture.
 FROM_SCRATCH = tuple(name for name in VARIANTS if name != "torch")
 
-# LOW_PRECISION_ATOL: largest |log p(low precision) - log p(float32)| allowed, all positions,
-# rtol 0, set in scripts/low_precision.py at about twice the worst case that script measures
-# (every variant, model.to(dtype) and CPU autocast, post-/pre-norm, 2 and 6 layers, 12 seeds).
-# Two from-scratch variants in one low-precision dtype: each is within the bound above of
-# float32, and the measured spread between them is smaller (bf16 0.0625, fp16 0.0078), so the
-# same bound applies to their difference.
+# Low-precision bounds: largest |log p(low precision) - log p(float32)| allowed, all positions,
+# rtol 0, derived here from what scripts/low_precision.py measured (MEASURED: the worst case of
+# each variant and mode over 48 runs, post-/pre-norm, 2 and 6 layers, 12 seeds) times MARGIN.
+# The runs below (seed 0, 2 layers, both norms) are among those 48 and measure about half
+# their worst case, so on the measuring machine the bounds hold with room; MARGIN is for
+# another CPU's kernels. A slow test re-measures MEASURED.
+MARGIN = 1.25
+# Per dtype, for comparisons that are not one variant against its own float32 (two from-scratch
+# variants in one dtype, whose measured spread is below the worst case: bf16 0.0625, fp16
+# 0.0078; CUDA, not measured yet): the worst case of any variant and mode, times MARGIN.
+LOW_PRECISION_ATOL = {
+    dtype: MARGIN * max(worst for (_, d), cells in MEASURED.items() if d == dtype for worst in cells.values())
+    for dtype in (torch.bfloat16, torch.float16)
+}
 DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 PAD_ROW = 1
 
@@ -168,15 +177,15 @@ def autocast(device_type: str, dtype: torch.dtype):
     return run
 
 
-CPU_MODES = {
-    "to-bfloat16": (cast_model(torch.bfloat16), torch.bfloat16),
-    "autocast-cpu-bfloat16": (autocast("cpu", torch.bfloat16), torch.bfloat16),
-    "to-float16": (cast_model(torch.float16), torch.float16),
-    "autocast-cpu-float16": (autocast("cpu", torch.float16), torch.float16),
+CPU_MODES = {  # name -> (how to run, dtype, the script's mode)
+    "to-bfloat16": (cast_model(torch.bfloat16), torch.bfloat16, "to"),
+    "autocast-cpu-bfloat16": (autocast("cpu", torch.bfloat16), torch.bfloat16, "autocast"),
+    "to-float16": (cast_model(torch.float16), torch.float16, "to"),
+    "autocast-cpu-float16": (autocast("cpu", torch.float16), torch.float16, "autocast"),
 }
 
 
-def compare_with_float32(variant: str, run, dtype: torch.dtype, device: str) -> None:
+def compare_with_float32(variant: str, run, dtype: torch.dtype, device: str, atol: float) -> None:
     for norm_first in (False, True):
         config = small_config(norm_first=norm_first)
         batch = random_batch(config, device=device).inputs()
@@ -184,19 +193,30 @@ def compare_with_float32(variant: str, run, dtype: torch.dtype, device: str) -> 
             expected = build(variant, config, seed=0).to(device).eval()(*batch)
             actual = run(build(variant, config, seed=0).to(device).eval(), batch)
         assert torch.isfinite(actual).all()
-        torch.testing.assert_close(actual.float(), expected, atol=LOW_PRECISION_ATOL[dtype], rtol=0.0,
+        torch.testing.assert_close(actual.float(), expected, atol=atol, rtol=0.0,
                                    msg=lambda m, nf=norm_first: f"norm_first={nf}: {m}")
 
 
 def test_the_bounds_hold_the_model_the_script_measured():
-    """LOW_PRECISION_ATOL comes from scripts/low_precision.py's table, measured on its CONFIG."""
+    """The bounds come from scripts/low_precision.py's measurement, made on its CONFIG, of
+    every variant and mode that the tests bound."""
     assert small_config() == LOW_PRECISION_CONFIG
+    assert {(mode, dtype) for _, dtype, mode in CPU_MODES.values()} == set(MEASURED)
+    assert all(set(cells) == set(VARIANTS) for cells in MEASURED.values())
 
 
 @pytest.mark.parametrize("mode", list(CPU_MODES))
 def test_low_precision_agrees_with_float32(variant, mode):
-    run, dtype = CPU_MODES[mode]
-    compare_with_float32(variant, run, dtype, "cpu")
+    """Within MARGIN times what the script measured for this variant and mode."""
+    run, dtype, measured_mode = CPU_MODES[mode]
+    compare_with_float32(variant, run, dtype, "cpu", MARGIN * MEASURED[measured_mode, dtype][variant])
+
+
+@pytest.mark.slow
+def test_the_recorded_measurement_is_what_the_script_measures():
+    """MEASURED, from which the bounds are derived, is a measurement: the script finds it
+    again (to the 3 digits its table shows; one thread, so a CPU run repeats exactly)."""
+    assert low_precision.measure() == MEASURED
 
 
 # --- determinism ------------------------------------------------------------------------------
@@ -237,7 +257,7 @@ CUDA_MODES = {
 @pytest.mark.parametrize("mode", list(CUDA_MODES))
 def test_low_precision_agrees_with_float32_on_cuda(variant, mode):
     run, dtype = CUDA_MODES[mode]
-    compare_with_float32(variant, run, dtype, "cuda")
+    compare_with_float32(variant, run, dtype, "cuda", LOW_PRECISION_ATOL[dtype])
 
 
 @pytest.mark.gpu
