@@ -236,7 +236,7 @@ def _resolve(model: nn.Module) -> dict[str, Param]:
         hits = [(regex.fullmatch(name), slot) for regex, slot in patterns]
         hits = [(match, slot) for match, slot in hits if match]
         if len(hits) != 1:
-            raise LookupError(f"{type(model).__name__}.weight_map matches {name} {len(hits)} times")
+            raise LookupError(f"{cls.__name__}.weight_map matches {name} {len(hits)} times")
         match, slot = hits[0]
         target = slot.name.format(**match.groupdict())
         if target not in names:
