@@ -12,7 +12,6 @@ from common.batches import random_batch
 from common.config import TransformerConfig
 from common.weights import export_gradients
 from tests.equivalence.test_dropout import DROPOUT_CONFIGS
-from tests.equivalence.test_tied import TIED_CONFIGS
 from tests.helpers import FLOAT64_TOL, REFERENCE, SUBJECTS, batch_with_pad_id, reference_and, small_config
 from variants import VARIANTS, build
 
@@ -117,11 +116,9 @@ def test_same_seed_same_function(norm_first):
 def test_every_config_field_takes_a_non_default_value_in_some_equivalence_test():
     """A variant that ignores a field (hard-codes eps, say) agrees with the reference wherever
     the field keeps its default, so each field must differ from its default in some config
-    that the equivalence tests run: these layouts, the dropout test's (dropout is only seen
-    in train mode) or the tied models' (share_embeddings needs tied weights). A new field of
-    TransformerConfig fails here until a layout sets it."""
-    configs = ([small_config(**layout.values[0]) for layout in LAYOUTS] + list(DROPOUT_CONFIGS)
-               + list(TIED_CONFIGS.values()))
+    that the equivalence tests run: these layouts, or the dropout test's (dropout is only seen
+    in train mode). A new field of TransformerConfig fails here until a layout sets it."""
+    configs = [small_config(**layout.values[0]) for layout in LAYOUTS] + list(DROPOUT_CONFIGS)
     default = TransformerConfig()
     unexercised = [field.name for field in dataclasses.fields(TransformerConfig)
                    if all(getattr(config, field.name) == getattr(default, field.name)
