@@ -1,6 +1,7 @@
-"""Tied models (shared embeddings, paper section 3.4) compute the reference's function, take the
-same gradient for the one matrix (the sum of its three uses) and train in lockstep with it; the
-three uses stay one tensor through training and ``.to()``."""
+"""Tied models (shared embeddings, paper section 3.4) compute the reference's function in
+float64, give the one matrix the sum of its three uses' gradients and train in lockstep with the
+reference; the three uses stay one tensor through training and ``.to()``. (test_equivalence's
+tied layouts compare every gradient with the reference's.)"""
 
 from __future__ import annotations
 
@@ -20,16 +21,17 @@ TIED_CONFIGS = {norm_first: TIED_CONFIG.replace(norm_first=norm_first, dropout=0
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 
 
-def tied_pair(name: str, norm_first: bool, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The reference and variant ``name``, tied, float64, dropout 0, holding the same weights."""
+def tied_model(name: str, norm_first: bool, seed: int = 0) -> torch.nn.Module:
+    """Variant ``name``, tied, float64, dropout 0, holding ``random_canonical``'s weights."""
     config = TIED_CONFIGS[norm_first]
-    state = random_canonical(config, seed)
-    models = []
-    for model_name in (REFERENCE, name):
-        model = build(model_name, config)
-        import_weights(model, state)
-        models.append(model.double())
-    return models[0], models[1]
+    model = build(name, config)
+    import_weights(model, random_canonical(config, seed))
+    return model.double()
+
+
+def tied_pair(name: str, norm_first: bool, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The reference and variant ``name``, as ``tied_model`` builds them: the same weights."""
+    return tied_model(REFERENCE, norm_first, seed), tied_model(name, norm_first, seed)
 
 
 def loss_of(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -57,24 +59,18 @@ def test_tied_log_probs_match_reference(subject_variant, norm_first):
 
 
 @NORMS
-def test_tied_gradients_match_reference_and_sum_the_three_uses(subject_variant, norm_first):
-    reference, model = tied_pair(subject_variant, norm_first)
-    batch = random_batch(TIED_CONFIG, 3, 7, 5)
-    grads = []
-    for m in (reference, model):
-        loss_of(m.train(), batch).backward()
-        grads.append(export_gradients(m))
-    expected, actual = grads
-    assert actual.keys() == expected.keys()
-    for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], **FLOAT64_TOL, msg=name)
-    # the one matrix's gradient is the sum of the gradients its three uses get when untied
-    untied = build(subject_variant, model.config.replace(share_embeddings=False))
+def test_the_shared_gradient_is_the_sum_of_its_three_uses(variant, norm_first):
+    """The one matrix's gradient equals the sum of the three gradients an untied model holding
+    three copies of it gives its source embedding, target embedding and generator weight."""
+    model = tied_model(variant, norm_first)
+    untied = build(variant, model.config.replace(share_embeddings=False))
     import_weights(untied, export_weights(model))  # three equal matrices: a valid untied state
-    loss_of(untied.double().train(), batch).backward()
-    per_use = export_gradients(untied)
+    batch = random_batch(TIED_CONFIG, 3, 7, 5)
+    for m in (model, untied.double()):
+        loss_of(m.train(), batch).backward()
+    shared, per_use = export_gradients(model)[TIED[0]], export_gradients(untied)
     assert all(per_use[name].abs().sum() > 0 for name in TIED)
-    torch.testing.assert_close(actual[TIED[0]], sum(per_use[name] for name in TIED), **FLOAT64_TOL)
+    torch.testing.assert_close(shared, sum(per_use[name] for name in TIED), **FLOAT64_TOL)
 
 
 @NORMS
