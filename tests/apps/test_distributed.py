@@ -80,8 +80,11 @@ def run_group(job, tmp_path: Path, size: int = 2, timeout: float = 120.0) -> Non
 def _train_variants(world: World, names: tuple[str, ...], out_dir: Path) -> None:
     for name in names:
         model = build(name, small_config(dropout=0.0), seed=0).double()
+        rows = []  # the sources each forward pass sees: this rank's shard, not the whole batch
+        model.register_forward_pre_hook(lambda module, args, rows=rows: rows.append(len(args[0])))
         losses = train(model, _batches(), STEPS, RECIPE, world=world)
-        torch.save({"weights": export_weights(model), "losses": losses}, out_dir / f"{name}-{world.rank}.pt")
+        torch.save({"weights": export_weights(model), "losses": losses, "rows": rows},
+                   out_dir / f"{name}-{world.rank}.pt")
 
 
 def check_ddp_equals_one_process(names: tuple[str, ...], tmp_path: Path) -> None:
@@ -92,6 +95,7 @@ def check_ddp_equals_one_process(names: tuple[str, ...], tmp_path: Path) -> None
         losses = train(start, _batches(), STEPS, RECIPE)  # one process, the whole batch
         single = export_weights(start)
         ranks = [torch.load(tmp_path / f"{name}-{rank}.pt", weights_only=True) for rank in (0, 1)]
+        assert [ranks[0]["rows"], ranks[1]["rows"]] == [[4] * STEPS, [3] * STEPS], name
         assert ranks[0]["losses"] == pytest.approx(losses, abs=1e-10, rel=0), name
         for key, expected in single.items():
             torch.testing.assert_close(ranks[0]["weights"][key], expected, atol=1e-10, rtol=0,
