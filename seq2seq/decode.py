@@ -39,6 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive(int), default=None)
     args = parser.parse_args(argv)
+    if args.show < 0:
+        parser.error(f"--show must be 0 or more, got {args.show}")
     args.device = device_or_exit(parser, args.device)
     return args
 
