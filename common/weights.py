@@ -21,17 +21,21 @@ ties its parameters in its own style, and its map sends the three names to one p
 any of the names it has in the model). Where tying moves a name or layout, as when a generator
 applied as ``x @ W`` reads the embedding matrix E as W = Eᵀ, the variant also declares
 ``tied_weight_map``: the entries that replace ``weight_map``'s under ``share_embeddings``.
+A parameter with no canonical name at all (an outside model's learned positions, say) is listed
+in ``extra_parameters``: transfers leave it alone. ``check_weight_map`` names every problem of a
+map at once.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
-from einops import rearrange
+from einops import EinopsError, rearrange
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
@@ -49,6 +53,7 @@ _WHY = {"share_embeddings": "a tied model holds one matrix as src_embed.weight, 
 TIED = ("src_embed.weight", "tgt_embed.weight", "generator.weight")
 
 _ATTENTION = ("wq", "wk", "wv", "wo")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -215,42 +220,109 @@ def _tying_problems(state: Mapping[str, Tensor]) -> list[str]:
 # --- the map machinery ---------------------------------------------------------------------
 
 
+def check_weight_map(model: nn.Module) -> None:
+    """Raise LookupError naming every problem of the model's ``weight_map`` at once: canonical
+    names it covers not exactly once, entries that match no canonical name, reach no parameter
+    or a tensor of the wrong shape, and parameters it does not fill exactly once."""
+    _resolve(model)
+
+
+def match_patterns(
+    table: Mapping[str, T], names: Iterable[str], noun: str = "canonical name"
+) -> tuple[dict[str, tuple[T, dict]], list[str]]:
+    """Each name -> (the one entry of ``table`` whose ``{field}`` pattern matches it, the fields).
+
+    Also returns the problems, each a short phrase: names matched by no pattern or by several
+    (one phrase per set of patterns), and patterns that match no name (a typo, most likely).
+    """
+    compiled = [(_compile(pattern), pattern, target) for pattern, target in table.items()]
+    matched: dict[str, tuple[T, dict]] = {}
+    uncovered, several, used = [], [], set()
+    for name in names:
+        hits = [(regex.fullmatch(name), pattern, target) for regex, pattern, target in compiled]
+        hits = [hit for hit in hits if hit[0]]
+        used.update(pattern for _, pattern, _ in hits)
+        if not hits:
+            uncovered.append(name)
+        elif len(hits) > 1:
+            patterns = tuple(pattern for _, pattern, _ in hits)
+            several.append((patterns, f"entries {' and '.join(map(repr, patterns))} all match {name}"))
+        else:
+            match, _, target = hits[0]
+            matched[name] = (target, match.groupdict())
+    plural = "" if len(uncovered) == 1 else "s"
+    problems = [f"does not cover {len(uncovered)} {noun}{plural}: {', '.join(uncovered)}"] * bool(uncovered)
+    problems += first_of_each(several)
+    problems += [f"entry {pattern!r} matches no {noun}" for pattern in table if pattern not in used]
+    return matched, problems
+
+
+def first_of_each(problems: Iterable[tuple[object, str]]) -> list[str]:
+    """(key, message) pairs -> the first message of each key, with how many more it stands for
+    (one misspelt map entry is one problem, however many layers it reaches)."""
+    counts: dict[object, list] = {}
+    for key, message in problems:
+        counts.setdefault(key, [message, 0])[1] += 1
+    return [message + (f" (and {count - 1} more like it)" if count > 1 else "")
+            for message, count in counts.values()]
+
+
 def _resolve(model: nn.Module) -> dict[str, Param]:
     """canonical name -> Param with a concrete parameter name, checked to cover the model.
 
     A parameter is named as ``named_parameters()`` names it: a tied one once, by its first name,
     which every other name it has in the model (``remove_duplicate=False``) resolves to.
+    Parameters the class lists in ``extra_parameters`` have no canonical name: they are neither
+    exported nor imported, and keep the model's own values (an outside model's learned
+    positions, say).
     """
     cls = type(model)
     tied = model.config.share_embeddings
     weight_map = {**cls.weight_map, **(getattr(cls, "tied_weight_map", {}) if tied else {})}
-    patterns = [(_compile(pattern), target if isinstance(target, Param) else Param(target))
-                for pattern, target in weight_map.items()]
+    shapes = canonical_shapes(model.config)
+    matched, problems = match_patterns(weight_map, shapes)
     params = dict(model.named_parameters())
     first_name = {id(param): name for name, param in params.items()}
     names = {name: first_name[id(param)]
              for name, param in model.named_parameters(remove_duplicate=False)}
     resolved: dict[str, Param] = {}
     chunks_used: dict[str, list] = {}  # parameter name -> the chunks of it that the map fills
-    for name in canonical_shapes(model.config):
-        hits = [(regex.fullmatch(name), slot) for regex, slot in patterns]
-        hits = [(match, slot) for match, slot in hits if match]
-        if len(hits) != 1:
-            raise LookupError(f"{cls.__name__}.weight_map matches {name} {len(hits)} times")
-        match, slot = hits[0]
-        target = slot.name.format(**match.groupdict())
+    wrong = []  # (the entry's target, what is wrong)
+    for name, (target, fields) in matched.items():
+        slot = target if isinstance(target, Param) else Param(target)
+        target = slot.name.format(**fields)
         if target not in names:
-            raise LookupError(f"weight_map sends {name} to {target}, which the model lacks")
+            wrong.append((slot.name, f"sends {name} to {target}, which the model lacks"))
+            continue
+        template = slot.name
         slot = resolved[name] = Param(names[target], slot.layout, slot.chunk)
+        wrong += [(template, why) for why in _shape_problems(name, shapes[name], params[slot.name], slot)]
         if not (tied and name in TIED[1:]):  # the one tied matrix is filled once
             chunks_used.setdefault(slot.name, []).append(slot.chunk)
+    problems += first_of_each(wrong)
+    if problems:
+        raise LookupError(f"{cls.__name__}.weight_map " + "; ".join(problems))
     if tied and len({resolved[name] for name in TIED}) != 1:
         raise LookupError(f"share_embeddings: {cls.__name__}.weight_map must send {', '.join(TIED)} "
                           f"to one parameter, but they reach {[resolved[n] for n in TIED]}")
-    uncovered = [p for p in params if not _covers_once(chunks_used.get(p, []))]
+    extra = set(getattr(cls, "extra_parameters", ()))
+    uncovered = [p for p in params if p not in extra and not _covers_once(chunks_used.get(p, []))]
     if uncovered:
         raise LookupError(f"weight_map covers these parameters not exactly once: {uncovered}")
     return resolved
+
+
+def _shape_problems(name: str, shape: tuple[int, ...], param: Tensor, slot: Param) -> list[str]:
+    """Why the piece of ``param`` that ``slot`` names cannot hold canonical ``name``, if it cannot
+    (worked out on the meta device: nothing is copied)."""
+    try:
+        got = tuple(_to_canonical(torch.empty(param.shape, device="meta"), slot).shape)
+    except EinopsError as error:
+        return [f"sends {name} to {slot.name} with layout {slot.layout!r}: {str(error).splitlines()[0]}"]
+    if got != shape:
+        return [f"sends {name} ({', '.join(map(str, shape))}) to {slot.name}, which holds "
+                f"({', '.join(map(str, got))})"]
+    return []
 
 
 def _covers_once(chunks: list[tuple[int, int] | None]) -> bool:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.positions import sinusoid_table
+from common.probes import Probe
 from common.weights import Param
 
 
@@ -114,4 +115,18 @@ class Transformer(EncoderDecoder):
         "{stack}.layers.{i}.{norm}.{kind}": "transformer.{stack}.layers.{i}.{norm}.{kind}",
         "{stack}.norm.{kind}": "transformer.{stack}.norm.{kind}",
         "generator.{kind}": "generator.{kind}",
+    }
+    # canonical point (common/probes.py) -> the module whose output it is; nn.MultiheadAttention
+    # returns (output, weights), and nn.Transformer's layers have no feed-forward module: its
+    # output is linear2's
+    probe_map: ClassVar[dict[str, str | Probe | None]] = {
+        "src_embed": Probe("dropout", call=0),  # one dropout after both embeddings: the source's first
+        "tgt_embed": Probe("dropout", call=1),
+        "{stack}.layers.{i}.self_attn": Probe("transformer.{stack}.layers.{i}.self_attn", item=0),
+        "decoder.layers.{i}.cross_attn": Probe("transformer.decoder.layers.{i}.multihead_attn", item=0),
+        "{stack}.layers.{i}.ff": "transformer.{stack}.layers.{i}.linear2",
+        "{stack}.layers.{i}.norm{n}": "transformer.{stack}.layers.{i}.norm{n}",
+        "{stack}.layers.{i}": "transformer.{stack}.layers.{i}",
+        "{stack}.norm": "transformer.{stack}.norm",
+        "generator": "",  # the generator module gives logits; log_softmax is in _project
     }

@@ -25,6 +25,7 @@ from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.masks import decoder_mask, padding_mask
+from common.probes import Probe
 from common.weights import Param
 from variants.einsum.decoder import Decoder
 from variants.einsum.encoder import Encoder
@@ -103,4 +104,20 @@ class Transformer(EncoderDecoder):
         "decoder.layers.{i}.norm3.{kind}": "decoder.layers.{i}.transformer_block.norm2.{kind}",
         "{stack}.norm.{kind}": "{stack}.norm.{kind}",
         "generator.{kind}": "decoder.fc_out.{kind}",
+    }
+    # canonical point (common/probes.py) -> the module whose output it is
+    probe_map: ClassVar[dict[str, str | Probe | None]] = {
+        "src_embed": "encoder.dropout",  # after E[src] * sqrt(D) + PE
+        "tgt_embed": "decoder.dropout",
+        "{stack}.layers.{i}.self_attn": "{stack}.layers.{i}.attention",
+        "decoder.layers.{i}.cross_attn": "decoder.layers.{i}.transformer_block.attention",
+        "encoder.layers.{i}.ff": "encoder.layers.{i}.feed_forward",
+        "decoder.layers.{i}.ff": "decoder.layers.{i}.transformer_block.feed_forward",
+        "encoder.layers.{i}.norm{n}": "encoder.layers.{i}.norm{n}",
+        "decoder.layers.{i}.norm1": "decoder.layers.{i}.norm",
+        "decoder.layers.{i}.norm2": "decoder.layers.{i}.transformer_block.norm1",
+        "decoder.layers.{i}.norm3": "decoder.layers.{i}.transformer_block.norm2",
+        "{stack}.layers.{i}": "{stack}.layers.{i}",
+        "{stack}.norm": "{stack}.norm",
+        "generator": "",  # decoder.generate is a method, not a module: the model's own output
     }

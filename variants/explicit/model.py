@@ -26,6 +26,7 @@ from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.masks import mask_scores
 from common.positions import sinusoid_table
+from common.probes import Probe
 from common.weights import Param
 
 
@@ -332,4 +333,19 @@ class Transformer(EncoderDecoder):
         "{stack}.norm.weight": "{stack}.norm.alpha",
         "{stack}.norm.bias": "{stack}.norm.bias",
         "generator.{kind}": "projection.linear.{kind}",
+    }
+    # canonical point (common/probes.py) -> the module whose output it is
+    probe_map: ClassVar[dict[str, str | Probe | None]] = {
+        "src_embed": "src_pos",  # E[src] * sqrt(D) + PE, dropped out
+        "tgt_embed": "tgt_pos",
+        "{stack}.layers.{i}.self_attn": "{stack}.layers.{i}.self_attn",
+        "decoder.layers.{i}.cross_attn": "decoder.layers.{i}.cross_attn",
+        "{stack}.layers.{i}.ff": "{stack}.layers.{i}.feed_forward",
+        "{stack}.layers.{i}.norm1": "{stack}.layers.{i}.self_attn_residual.norm",
+        "encoder.layers.{i}.norm2": "encoder.layers.{i}.feed_forward_residual.norm",
+        "decoder.layers.{i}.norm2": "decoder.layers.{i}.cross_attn_residual.norm",
+        "decoder.layers.{i}.norm3": "decoder.layers.{i}.feed_forward_residual.norm",
+        "{stack}.layers.{i}": "{stack}.layers.{i}",
+        "{stack}.norm": "{stack}.norm",
+        "generator": "projection",
     }

@@ -28,6 +28,7 @@ from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.positions import sinusoid_table
+from common.probes import Probe
 from common.weights import Param
 
 
@@ -300,4 +301,16 @@ class Transformer(EncoderDecoder):
         "{stack}.layers.{i}.{norm}.{kind}": "{stack}.layers.{i}.{norm}.{kind}",
         "{stack}.norm.{kind}": "{stack}.norm.{kind}",
         "generator.{kind}": "generator.{kind}",
+    }
+    # canonical point (common/probes.py) -> the module whose output it is
+    probe_map: ClassVar[dict[str, str | Probe | None]] = {
+        "src_embed": Probe("dropout", call=0),  # one dropout after both embeddings: the source's first
+        "tgt_embed": Probe("dropout", call=1),
+        "{stack}.layers.{i}.self_attn": "{stack}.layers.{i}.self_attn",
+        "decoder.layers.{i}.cross_attn": "decoder.layers.{i}.cross_attn",
+        "{stack}.layers.{i}.ff": "{stack}.layers.{i}.feed_forward",
+        "{stack}.layers.{i}.norm{n}": "{stack}.layers.{i}.norm{n}",
+        "{stack}.layers.{i}": "{stack}.layers.{i}",
+        "{stack}.norm": "{stack}.norm",
+        "generator": "",  # the generator module gives logits; log_softmax is in _project
     }

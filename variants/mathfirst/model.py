@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
+from common.probes import Probe
 from common.weights import Param
 from variants.mathfirst.components import (
     LayerNorm,
@@ -243,3 +244,18 @@ class Transformer(EncoderDecoder):
     }
     # with shared embeddings the generator holds E itself, (V, D) as the canonical weight
     tied_weight_map: ClassVar[dict[str, str | Param]] = {"generator.weight": "generator.E"}
+    # canonical point (common/probes.py) -> the module whose output it is
+    probe_map: ClassVar[dict[str, str | Probe | None]] = {
+        "src_embed": Probe("positional_encoding", call=0),  # one module for both: the source first
+        "tgt_embed": Probe("positional_encoding", call=1),
+        _LAYER + ".self_attn": _LAYER + ".self_attn",
+        "decoder.layers.{i}.cross_attn": "decoder.layers.{i}.cross_attn",
+        _LAYER + ".ff": _LAYER + ".feed_forward",
+        _LAYER + ".norm1": _LAYER + ".self_attn_add_norm.norm",
+        "encoder.layers.{i}.norm2": "encoder.layers.{i}.feed_forward_add_norm.norm",
+        "decoder.layers.{i}.norm2": "decoder.layers.{i}.cross_attn_add_norm.norm",
+        "decoder.layers.{i}.norm3": "decoder.layers.{i}.feed_forward_add_norm.norm",
+        _LAYER: _LAYER,
+        "{stack}.norm": "{stack}.norm",
+        "generator": "generator",
+    }

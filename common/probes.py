@@ -1,0 +1,197 @@
+"""Probe points: the canonical places in one forward pass where two implementations can be
+compared, the hooks that capture them, and the finder that names the first one that differs.
+
+A variant declares ``probe_map`` beside its ``weight_map``: canonical point (a pattern with
+``{fields}``, as in ``common.weights``) -> the module whose output is that point::
+
+    probe_map = {
+        "src_embed": Probe("dropout", call=0),          # one dropout after both embeddings
+        "tgt_embed": Probe("dropout", call=1),
+        "{stack}.layers.{i}.self_attn": Probe("transformer.{stack}.layers.{i}.self_attn", item=0),
+        "{stack}.layers.{i}.ff": "{stack}.layers.{i}.feed_forward",
+        "generator": "",                                # "" = the model itself: its log-probs
+        ...
+    }
+
+A plain string is ``Probe(name)``; ``None`` says the implementation has no module for that
+point (an inline ``F.layer_norm``, say), and the finder passes over it. The map must name every
+point, so a forgotten or misspelt one is an error, not a silent gap.
+
+The points, in order of computation under post-norm (pre-norm puts each norm before its
+sublayer, as it computes it), each a (B, L, D) tensor but the generator's (B, T, V):
+
+    src_embed                      E[src] · sqrt(D) + PE, after the embedding dropout: the encoder's input
+    encoder.layers.{i}.self_attn   the sublayer's output (after W_o), before its dropout and residual
+    encoder.layers.{i}.norm1       the LayerNorm holding norm1's weights: norm1(x + attn) post-norm,
+                                   norm1(x), the attention's input, pre-norm
+    encoder.layers.{i}.ff          W2 relu(W1 x + b1) + b2, before its dropout and residual
+    encoder.layers.{i}.norm2       the LayerNorm holding norm2's weights
+    encoder.layers.{i}             the layer's output, the next layer's input
+    encoder.norm                   the final LayerNorm: the memory, ``encode``'s output
+    tgt_embed                      as src_embed, for the target
+    decoder.layers.{i}.self_attn, .norm1, .cross_attn, .norm2, .ff, .norm3, decoder.layers.{i}
+    decoder.norm                   the final LayerNorm: ``decode``'s output
+    generator                      log-probabilities, the model's output
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+from common.weights import first_of_each, match_patterns
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Where one point is computed: the output of a module."""
+
+    module: str  # its name in named_modules(), "" for the model itself; may use the point's {fields}
+    call: int = 0  # which of its calls in one forward pass, from 0, for a module used more than once
+    item: int | None = None  # the element of a tuple output (nn.MultiheadAttention's (output, weights))
+
+
+def probe_points(config: TransformerConfig) -> list[str]:
+    """Every canonical point of a forward pass under ``config``, in the order it is computed."""
+
+    def layer(prefix: str, sublayers: tuple[str, ...]) -> list[str]:
+        steps = []
+        for n, sublayer in enumerate(sublayers, start=1):
+            norm = f"{prefix}.norm{n}"
+            steps += [norm, f"{prefix}.{sublayer}"] if config.norm_first else [f"{prefix}.{sublayer}", norm]
+        return [*steps, prefix]
+
+    points = ["src_embed"]
+    for i in range(config.n_layers):
+        points += layer(f"encoder.layers.{i}", ("self_attn", "ff"))
+    points += ["encoder.norm", "tgt_embed"]
+    for i in range(config.n_layers):
+        points += layer(f"decoder.layers.{i}", ("self_attn", "cross_attn", "ff"))
+    return [*points, "decoder.norm", "generator"]
+
+
+def resolve_probes(model: nn.Module) -> dict[str, Probe | None]:
+    """point -> the concrete Probe (None where the map declares none), in order of computation.
+
+    Raises LookupError naming every problem of the map at once: a missing map, points it does
+    not cover or covers twice, entries that match no point, modules the model lacks.
+    """
+    cls = type(model)
+    if not isinstance(getattr(cls, "probe_map", None), dict):
+        raise LookupError(f"{cls.__name__} declares no probe_map (see common/probes.py)")
+    matched, problems = match_patterns(cls.probe_map, probe_points(model.config), noun="probe point")
+    modules = dict(model.named_modules())
+    resolved: dict[str, Probe | None] = {}
+    missing = []  # (the entry's module, what is wrong)
+    for point, (target, fields) in matched.items():
+        probe = Probe(target) if isinstance(target, str) else target
+        if probe is not None:
+            template, probe = probe.module, Probe(probe.module.format(**fields), probe.call, probe.item)
+            if probe.module not in modules:
+                missing.append((template, f"sends {point} to {probe.module!r}, which the model lacks"))
+        resolved[point] = probe
+    problems += first_of_each(missing)
+    if problems:
+        raise LookupError(f"{cls.__name__}.probe_map " + "; ".join(problems))
+    return {point: resolved[point] for point in probe_points(model.config)}
+
+
+def capture(model: nn.Module, inputs: tuple[Tensor | None, ...]) -> dict[str, Tensor]:
+    """The probe points of one forward pass ``model(*inputs)`` (no grad), in the order computed.
+
+    A declared point whose module did not run is absent. ``nn.MultiheadAttention``'s fast path
+    would compute whole layers in one kernel without calling their submodules, so it is off
+    here and restored after.
+    """
+    by_module: dict[str, list[tuple[str, Probe]]] = defaultdict(list)
+    for point, probe in resolve_probes(model).items():
+        if probe is not None:
+            by_module[probe.module].append((point, probe))
+    modules = dict(model.named_modules())
+    captured: dict[str, Tensor] = {}
+
+    def recorder(name: str):
+        calls = 0
+
+        def record(_module, _inputs, output) -> None:
+            nonlocal calls
+            for point, probe in by_module[name]:
+                if probe.call == calls:
+                    value = output if probe.item is None else output[probe.item]
+                    captured[point] = value.detach().clone()
+            calls += 1
+        return record
+
+    handles = [modules[name].register_forward_hook(recorder(name)) for name in by_module]
+    fast_path = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fast_path)
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+@dataclass(frozen=True)
+class PointDifference:
+    """How far two implementations are apart at one point."""
+
+    point: str
+    max_abs: float | None  # largest |a - b|; inf where they cannot be compared; None: not compared
+    note: str = ""  # why max_abs is inf or None
+
+    def diverges(self, tolerance: float) -> bool:
+        return self.max_abs is not None and not self.max_abs <= tolerance  # NaN diverges too
+
+
+def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...],
+                   names: tuple[str, str] = ("a", "b")) -> list[PointDifference]:
+    """Run ``a`` and ``b`` on the same ``inputs`` and compare them at every point, in order of
+    computation; ``names`` say which is which in the notes."""
+    declared = [resolve_probes(model) for model in (a, b)]
+    values = [capture(model, inputs) for model in (a, b)]
+    differences = []
+    for point in probe_points(a.config):
+        undeclared = [name for name, probes in zip(names, declared, strict=True) if probes[point] is None]
+        missing = [name for name, got in zip(names, values, strict=True) if point not in got]
+        if undeclared:
+            differences.append(PointDifference(point, None, f"not declared by {' or '.join(undeclared)}"))
+        elif missing:
+            differences.append(PointDifference(point, math.inf, f"not computed by {' or '.join(missing)}"))
+        elif values[0][point].shape != values[1][point].shape:
+            shapes = " vs ".join(str(tuple(got[point].shape)) for got in values)
+            differences.append(PointDifference(point, math.inf, f"shapes differ: {shapes}"))
+        else:
+            delta = (values[0][point].double() - values[1][point].double()).abs().max().item()
+            differences.append(PointDifference(point, delta))
+    return differences
+
+
+def first_divergence(differences: list[PointDifference], tolerance: float) -> str:
+    """One line: the first point past ``tolerance`` and how closely every point before it agrees."""
+    index = next((k for k, d in enumerate(differences) if d.diverges(tolerance)), None)
+    if index is None:
+        return f"no divergence: every point agrees to {number(_worst(differences))} (tolerance {tolerance:g})"
+    first = differences[index]
+    how = first.note or f"max |Δ| {number(first.max_abs)}"
+    before = "nothing comes before it" if index == 0 else \
+        f"everything before it agrees to {number(_worst(differences[:index]))}"
+    return f"first divergence: {first.point} ({how}); {before}"
+
+
+def number(value: float | None) -> str:
+    """A difference as the finder prints it: 0, 3.1e-16, 0.41, inf; '-' for none."""
+    return "-" if value is None else "0" if value == 0 else f"{value:.2g}"
+
+
+def _worst(differences: list[PointDifference]) -> float:
+    compared = [d.max_abs for d in differences if d.max_abs is not None]
+    return max(compared, default=0.0)

@@ -1,0 +1,181 @@
+"""Probe maps: every built-in declares every point, its hooks fire in the order of computation,
+and every pair of built-ins agrees at every point; the finder names the first divergence."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import ClassVar
+
+import pytest
+import torch
+
+from common.batches import random_batch
+from common.probes import (
+    PointDifference,
+    Probe,
+    capture,
+    compare_points,
+    first_divergence,
+    probe_points,
+    resolve_probes,
+)
+from common.weights import import_weights
+from tests.helpers import FLOAT64_TOL, random_canonical, small_config
+from variants import VARIANTS, build
+from variants.explicit.model import Transformer as Explicit
+
+NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+
+
+def seeded(name: str, config) -> torch.nn.Module:
+    """Variant ``name`` holding random canonical weights (norms and biases too), float64, eval."""
+    model = build(name, config)
+    import_weights(model, random_canonical(config))
+    return model.double().eval()
+
+
+def test_points_in_order_of_computation():
+    post = probe_points(small_config(n_layers=1))
+    assert post == ["src_embed", "encoder.layers.0.self_attn", "encoder.layers.0.norm1",
+                    "encoder.layers.0.ff", "encoder.layers.0.norm2", "encoder.layers.0", "encoder.norm",
+                    "tgt_embed", "decoder.layers.0.self_attn", "decoder.layers.0.norm1",
+                    "decoder.layers.0.cross_attn", "decoder.layers.0.norm2", "decoder.layers.0.ff",
+                    "decoder.layers.0.norm3", "decoder.layers.0", "decoder.norm", "generator"]
+    pre = probe_points(small_config(n_layers=1, norm_first=True))
+    assert pre[1:5] == ["encoder.layers.0.norm1", "encoder.layers.0.self_attn",
+                        "encoder.layers.0.norm2", "encoder.layers.0.ff"]
+    assert sorted(pre) == sorted(post)
+    assert len(probe_points(small_config(n_layers=3))) == 1 + 3 * 5 + 2 + 3 * 7 + 2
+
+
+@NORMS
+def test_every_builtin_declares_every_point_and_computes_them_in_order(variant, norm_first):
+    config = small_config(norm_first=norm_first)
+    model = seeded(variant, config)
+    assert all(probe is not None for probe in resolve_probes(model).values())
+    batch = random_batch(config, 3, 7, 5)
+    values = capture(model, batch.inputs())
+    assert list(values) == probe_points(config)  # every point, once each, in this order
+    for point, value in values.items():
+        length = 7 if point.startswith(("src", "encoder")) else 5
+        width = config.tgt_vocab_size if point == "generator" else config.d_model
+        assert value.shape == (3, length, width), point
+
+
+@NORMS
+def test_every_pair_of_builtins_agrees_at_every_point(norm_first):
+    """float64, a padded batch with S != T: the definitions of the points are the same in all five."""
+    config = small_config(norm_first=norm_first)
+    inputs = random_batch(config, 3, 7, 5).inputs()
+    values = {name: capture(seeded(name, config), inputs) for name in VARIANTS}
+    for a, b in itertools.combinations(VARIANTS, 2):
+        for point in probe_points(config):
+            torch.testing.assert_close(values[a][point], values[b][point], **FLOAT64_TOL,
+                                       msg=lambda m, a=a, b=b, p=point: f"{a} vs {b} at {p}: {m}")
+
+
+def test_capture_turns_the_fast_path_off_and_restores_it_and_its_hooks():
+    """nn.Transformer's eval fast path would run whole layers without calling their submodules."""
+    config = small_config()
+    model = seeded("torch", config).float()
+    assert torch.backends.mha.get_fastpath_enabled()
+    values = capture(model, random_batch(config).inputs())
+    assert list(values) == probe_points(config)
+    assert torch.backends.mha.get_fastpath_enabled()
+    assert not any(module._forward_hooks for module in model.modules())
+
+
+def test_a_module_used_twice_is_probed_at_the_call_named():
+    """The reference's one dropout runs after both embeddings: call 0 is the source's."""
+    config = small_config()
+    model = seeded("torch", config)
+    src, tgt, src_mask, tgt_mask = random_batch(config, 2, 6, 3).inputs()
+    values = capture(model, (src, tgt, src_mask, tgt_mask))
+    scale = math.sqrt(config.d_model)
+    expected = model.src_embed(src) * scale + model.pe[:6]
+    torch.testing.assert_close(values["src_embed"], expected, **FLOAT64_TOL)
+    assert values["tgt_embed"].shape == (2, 3, config.d_model)
+
+
+class Misprobed(Explicit):
+    """explicit with its feed-forward points sent to the self-attention module."""
+
+    probe_map: ClassVar[dict] = {**Explicit.probe_map,
+                                 "{stack}.layers.{i}.ff": "{stack}.layers.{i}.self_attn"}
+
+
+def test_a_wrong_probe_map_entry_is_found_at_that_point():
+    config = small_config()
+    model = Misprobed(config)
+    model.load_state_dict(seeded("explicit", config).float().state_dict())
+    inputs = random_batch(config).inputs()
+    differences = compare_points(model.double().eval(), seeded("torch", config), inputs)
+    assert first_divergence(differences, 1e-10).startswith("first divergence: encoder.layers.0.ff (max |Δ| ")
+
+
+class Partial(Explicit):
+    """explicit declaring no module for its norms: the finder passes over them."""
+
+    probe_map: ClassVar[dict] = {**Explicit.probe_map, "{stack}.layers.{i}.norm1": None,
+                                 "encoder.layers.{i}.norm2": None, "decoder.layers.{i}.norm2": None,
+                                 "decoder.layers.{i}.norm3": None}
+
+
+def test_points_declared_none_are_passed_over():
+    config = small_config()
+    model = Partial(config)
+    model.load_state_dict(seeded("explicit", config).float().state_dict())
+    inputs = random_batch(config).inputs()
+    differences = compare_points(model.double().eval(), seeded("torch", config), inputs, ("partial", "torch"))
+    notes = {d.point: d.note for d in differences if d.note}
+    assert notes == {point: "not declared by partial" for point in probe_points(config) if ".norm" in point
+                     and ".layers." in point}
+    assert first_divergence(differences, 1e-10).startswith("no divergence: every point agrees to ")
+
+
+def diffs(*values: float | None) -> list[PointDifference]:
+    return [PointDifference(f"p{k}", value) for k, value in enumerate(values)]
+
+
+@pytest.mark.parametrize(("differences", "line"), [
+    (diffs(0.0, 3e-16, 0.41, 0.9),
+     "first divergence: p2 (max |Δ| 0.41); everything before it agrees to 3e-16"),
+    (diffs(0.5, 1e-16, 0.9), "first divergence: p0 (max |Δ| 0.5); nothing comes before it"),
+    (diffs(1e-16, None, math.nan),
+     "first divergence: p2 (max |Δ| nan); everything before it agrees to 1e-16"),
+    (diffs(0.0, 2e-15, None), "no divergence: every point agrees to 2e-15 (tolerance 1e-10)"),
+    ([PointDifference("a", 0.0), PointDifference("b", math.inf, "not computed by x"),
+      PointDifference("c", 1.0)],
+     "first divergence: b (not computed by x); everything before it agrees to 0"),
+], ids=["middle", "first", "nan", "none", "not-computed"])
+def test_first_divergence_names_the_first_point_past_tolerance(differences, line):
+    assert first_divergence(differences, 1e-10) == line
+
+
+class Unmapped(Explicit):
+    probe_map: ClassVar[dict] = {}
+
+
+class Misspelt(Explicit):
+    probe_map: ClassVar[dict] = {**Explicit.probe_map, "{stack}.layers.{i}.selfattn": "x",
+                                 "generator": Probe("projection.linear.nosuch")}
+
+
+class Ambiguous(Explicit):
+    probe_map: ClassVar[dict] = {**Explicit.probe_map, "{stack}.layers.{i}.{sublayer}": "x"}
+
+
+@pytest.mark.parametrize(("cls", "messages"), [
+    (type("NoMap", (Explicit,), {"probe_map": None}), ["NoMap declares no probe_map"]),
+    (Unmapped, ["Unmapped.probe_map does not cover 29 probe points: src_embed, encoder.layers.0.self_attn"]),
+    (Misspelt, ["entry '{stack}.layers.{i}.selfattn' matches no probe point",
+                "sends generator to 'projection.linear.nosuch', which the model lacks"]),
+    (Ambiguous, ["entries '{stack}.layers.{i}.self_attn' and '{stack}.layers.{i}.{sublayer}' all match "
+                 "encoder.layers.0.self_attn (and 3 more like it)"]),
+], ids=["none", "empty", "misspelt", "ambiguous"])
+def test_a_bad_probe_map_names_every_problem_in_one_line(cls, messages):
+    with pytest.raises(LookupError) as error:
+        resolve_probes(cls(small_config()))
+    assert "\n" not in str(error.value)
+    assert all(message in str(error.value) for message in messages), str(error.value)
