@@ -7,11 +7,15 @@ import gc
 import torch
 from torch import nn
 
+# torch.OutOfMemoryError is newer than torch.cuda.OutOfMemoryError (which it generalises): name
+# whichever this torch has, so catching an error never turns into an AttributeError.
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
 
 def is_out_of_memory(error: BaseException) -> bool:
     """Whether ``error`` is PyTorch's or the C library's way of saying memory ran out."""
     message = str(error).lower()
-    return isinstance(error, (torch.OutOfMemoryError, MemoryError)) or (
+    return isinstance(error, (OUT_OF_MEMORY, MemoryError)) or (
         isinstance(error, RuntimeError)
         and ("out of memory" in message or "can't allocate memory" in message))
 

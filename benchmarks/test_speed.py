@@ -17,6 +17,7 @@ import torch
 from benchmarks.steps import forward_backward, forward_step
 from benchmarks.workload import PRESETS, forward_flops, train_flops
 from common.batches import random_batch
+from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
 from common.weights import transfer
 from variants import VARIANTS, build
@@ -42,13 +43,17 @@ def model_on(variant: str, device: str, reference: torch.nn.Module) -> torch.nn.
 
 
 def synchronised(step, device: str):
-    """pytest-benchmark times the call; on CUDA the call must include the kernels' work."""
+    """pytest-benchmark times the call; on CUDA the call must include the kernels' work.
+    The step's result is handed back, so the test can check what the timed call computed.
+    On CUDA the ids' range is not re-read each call (a host sync): the test checked it once."""
     if device != "cuda":
         return step
 
     def run():
-        step()
+        with ids_range_checked():
+            result = step()
         torch.cuda.synchronize()
+        return result
 
     return run
 
@@ -61,6 +66,7 @@ def test_forward(benchmark, variant, device, shape, reference):
     batch = random_batch(CONFIG, *shape, device=device)
     benchmark.group = f"forward {device} B={shape[0]} S={shape[1]} T={shape[2]}"
     benchmark.extra_info["gflop"] = forward_flops(CONFIG, *shape) / 1e9
+    check_forward(model, *batch.inputs())  # once, outside the timed calls
     logp = benchmark(synchronised(forward_step(model, batch), device))
     assert torch.isfinite(logp).all()
 
@@ -73,5 +79,6 @@ def test_train_step(benchmark, variant, device, shape, reference):
     batch = random_batch(CONFIG, *shape, device=device)
     benchmark.group = f"train step {device} B={shape[0]} S={shape[1]} T={shape[2]}"
     benchmark.extra_info["gflop"] = train_flops(CONFIG, *shape) / 1e9
+    check_forward(model, *batch.inputs())  # once, outside the timed calls
     benchmark(synchronised(forward_backward(model, batch), device))
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())

@@ -9,6 +9,10 @@ device-side assert.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from torch import Tensor, nn
 
@@ -16,6 +20,26 @@ from common.cache import DecoderCache
 
 # nn.Embedding (and advanced indexing, which reads uint8 as a boolean mask) take these only
 ID_DTYPES = (torch.int64, torch.int32)
+
+
+_RANGE_CHECKED_BY_CALLER: ContextVar[bool] = ContextVar("range_checked_by_caller", default=False)
+
+
+@contextmanager
+def ids_range_checked() -> Iterator[None]:
+    """Skip the id range check (its one host sync per call) inside this block.
+
+    For a caller that runs the same ids many times and has checked them once, outside the
+    block, by a checked call: a timed step, or greedy decoding's per-token steps. On CUDA the
+    sync would otherwise make small timed steps measure the launch queue. Every other check
+    (kind, dtype, shape, device, length) still runs; an id out of range inside the block meets
+    the embedding's own error (on CUDA a device-side assert, which poisons the context).
+    """
+    token = _RANGE_CHECKED_BY_CALLER.set(True)
+    try:
+        yield
+    finally:
+        _RANGE_CHECKED_BY_CALLER.reset(token)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -196,6 +220,8 @@ def _check_ids(
         return  # shape-only run: there are no values to range-check
     if torch.compiler.is_compiling():
         return  # reading values inside torch.compile would split the graph: range unchecked there
+    if _RANGE_CHECKED_BY_CALLER.get():
+        return  # inside ids_range_checked(): the caller checked these ids once, outside the loop
     # One host sync; on CUDA it turns a device-side assert in the embedding into this error.
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0 or high >= vocab_size:

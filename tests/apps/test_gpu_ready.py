@@ -1,0 +1,86 @@
+"""The CUDA paths that this CPU-only suite cannot run by default, checked as far as a CPU allows,
+and end to end where a CUDA device is present (the `gpu` marker; skipped without one)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import benchmarks.failures
+from benchmarks.test_speed import synchronised
+from common.batches import random_batch
+from common.checks import check_forward, ids_range_checked
+from common.config import TransformerConfig
+from variants import build
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def test_the_synchronising_wrapper_hands_back_the_steps_result(monkeypatch):
+    synced = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: synced.append(True))
+    result = torch.ones(2)
+    assert synchronised(lambda: result, "cuda")() is result
+    assert synced == [True]  # it still waits for the kernels
+
+
+def test_out_of_memory_is_caught_on_a_torch_without_torch_out_of_memory_error(monkeypatch):
+    monkeypatch.delattr(torch, "OutOfMemoryError")  # as in torch 2.2 and 2.3
+    try:
+        failures = importlib.reload(benchmarks.failures)
+        assert failures.OUT_OF_MEMORY is torch.cuda.OutOfMemoryError
+        assert failures.describe(torch.cuda.OutOfMemoryError("CUDA out of memory.")) == "OOM"
+        assert failures.describe(ValueError("no")) == "ValueError: no"
+    finally:
+        monkeypatch.undo()
+        importlib.reload(benchmarks.failures)
+
+
+CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, src_vocab_size=50,
+                           tgt_vocab_size=50, max_seq_len=32)
+
+
+def test_the_range_check_is_skipped_only_inside_ids_range_checked():
+    model = build("explicit", CONFIG, seed=0).eval()
+    batch = random_batch(CONFIG, 2, 6, 6)
+    bad = batch.src.clone()
+    bad[0, 0] = CONFIG.src_vocab_size
+    with pytest.raises(ValueError, match=r"src ids must lie in \[0, 50\)"):
+        model.encode(bad, batch.src_mask)
+    with ids_range_checked(), pytest.raises(IndexError):  # the embedding's own error: unchecked
+        model.encode(bad, batch.src_mask)
+    with pytest.raises(ValueError, match=r"src ids must lie in \[0, 50\)"):  # reset on the way out
+        model.encode(bad, batch.src_mask)
+    with ids_range_checked(), pytest.raises(ValueError, match="src length 40 exceeds max_seq_len"):
+        model.encode(torch.ones(1, 40, dtype=torch.long), None)  # the other checks still run
+
+
+@pytest.mark.parametrize("_", [pytest.param(None, marks=needs_cuda)])
+def test_a_prechecked_cuda_forward_makes_no_host_sync(_):
+    model = build("fused", CONFIG, seed=0).cuda().eval()
+    batch = random_batch(CONFIG, 2, 8, 8, device="cuda")
+    check_forward(model, *batch.inputs())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising call now raises
+    try:
+        with torch.no_grad(), ids_range_checked():
+            model(*batch.inputs())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("_", [pytest.param(None, marks=needs_cuda)])
+def test_compare_runs_end_to_end_on_cuda(_):
+    done = subprocess.run([sys.executable, "compare.py", "--device", "cuda", "--preset", "tiny",
+                           "--rounds", "1", "--min-run-time", "0.05"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    for variant in ("explicit", "einsum", "mathfirst", "fused", "torch"):
+        assert variant in done.stdout
+    assert "OOM" not in done.stdout and "Error" not in done.stdout
