@@ -28,7 +28,7 @@ from benchmarks.run import run
 from benchmarks.settings import Settings
 from benchmarks.workload import DTYPES, PRESETS, Shape
 from common.cli import Parser, config_or_exit, positive
-from variants import VARIANTS
+from variants import VARIANTS, ordered, variant_argument
 
 
 def command_line() -> Parser:
@@ -55,8 +55,8 @@ def command_line() -> Parser:
     parser.add_argument("--freeze", action="store_true",
                         help="with --compile: inductor freezing for the eval forward (weights folded "
                              "in as constants; the CPU inference setting)")
-    parser.add_argument("--variants", choices=VARIANTS, nargs="+", default=list(VARIANTS),
-                        metavar="VARIANT", help=f"subset of {', '.join(VARIANTS)} (default all)")
+    parser.add_argument("--variants", type=variant_argument, nargs="+", default=list(VARIANTS),
+                        metavar="VARIANT", help=f"{', '.join(VARIANTS)} or pkg.module:Class (default all)")
     parser.add_argument("--threads", type=positive(int), default=torch.get_num_threads(),
                         help=f"CPU threads (default {torch.get_num_threads()})")
     parser.add_argument("--format", choices=FORMATS, default="github", metavar="FORMAT",
@@ -106,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     return Settings(
         config=config, shapes=shapes, preset=args.preset,
         devices=tuple(d for d in devices if d != "cuda" or torch.cuda.is_available()),
-        dtypes=tuple(args.dtype), variants=tuple(v for v in VARIANTS if v in args.variants),
+        dtypes=tuple(args.dtype), variants=ordered(args.variants),
         autocast=args.autocast, compile=args.compile, freeze=args.freeze, threads=args.threads,
         rounds=args.rounds, min_run_time=args.min_run_time, decode_len=args.decode_len,
         seed=args.seed, keep_freed_memory=args.malloc == "keep",
