@@ -4,6 +4,7 @@ each classic bug fails and the finder names where it starts; what cannot be buil
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,17 @@ def test_compare_times_an_outside_spec_and_compares_it_with_the_reference():
     (block,) = run(dataclasses.replace(settings, keep_freed_memory=False))["blocks"]
     (row,) = block["rows"]
     assert row["variant"] == TUTORIAL and row["forward_ms"] > 0 and row["max_abs_dlogp"] < 1e-5
+
+
+def test_the_finder_lines_in_the_docs_are_what_the_finder_prints():
+    """docs/check.md quotes the finder on every fixture: the point and its largest |Δ| as printed
+    now (what agrees to rounding is only bounded: its last digits vary with the BLAS)."""
+    page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").replace("\\|", "|")
+    quoted = re.findall(r"^\| `(\w+)` \|.*\| `(first divergence: [^`]*)` \|$", page, flags=re.M)
+    quoted.append(("Source1LayerNorm", re.search(r"^first divergence: .*$", page, flags=re.M).group(0)))
+    assert sorted(name for name, _ in quoted) == sorted(cls.__name__ for cls in FIRST_DIVERGENCE)
+    for name, line in quoted:
+        printed = first_divergence(locate(f"{OUTSIDE}.bugs:{name}", first_forward_case()), FLOAT64.atol)
+        head, _, before = printed.partition("; ")
+        assert line.startswith(head + "; "), (line, printed)
+        assert before == "nothing comes before it" or float(before.rpartition(" ")[2]) < 1e-13
