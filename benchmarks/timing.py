@@ -50,3 +50,15 @@ class MatmulPeak:
     def flops_per_second(self) -> float:
         """The rounds merged: FLOP/s at their median."""
         return self.flops / Measurement.merge(self.measurements)[0].median
+
+
+def float32_matmul_precision(device: str) -> str:
+    """What a float32 matmul on ``device`` runs in: "TF32" (CUDA with TF32 allowed, e.g. by
+    torch.set_float32_matmul_precision("high")) or "IEEE float32"."""
+    if device != "cuda":
+        return "IEEE float32"
+    matmul = torch.backends.cuda.matmul
+    setting = getattr(matmul, "fp32_precision", "none")  # newer torch: "ieee", "tf32" or "none"
+    if setting in ("ieee", "tf32"):
+        return "TF32" if setting == "tf32" else "IEEE float32"
+    return "TF32" if matmul.allow_tf32 else "IEEE float32"  # follows the float32 precision setting

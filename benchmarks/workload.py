@@ -64,3 +64,26 @@ def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: 
 def train_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
     """FLOPs of forward + backward: the backward pass does twice the forward's matmuls."""
     return 3 * forward_flops(config, batch, src_len, tgt_len)
+
+
+MACHINE_BALANCE = 100  # FLOP per byte a data-centre GPU's 16-bit tensor cores need to stay busy
+
+
+def small_shape_warning(config: TransformerConfig, shape: Shape, dtype: torch.dtype) -> str | None:
+    """On CUDA, why this shape cannot be compute-bound, or None.
+
+    The main GEMMs multiply M = batch x (the shorter length) token rows by D x D weights
+    (D = d_model):
+    2·M·D² FLOPs over (2·M·D + D²) elements read and written, so
+    M·D² · 2 / ((2·M·D + D²) · bytes per element) FLOP per byte. Below MACHINE_BALANCE (about
+    an H100/H200's dense 16-bit peak over its memory bandwidth) a step waits on memory and on
+    kernel launches, and its time says little about the arithmetic.
+    """
+    rows, d = shape.batch * min(shape.src_len, shape.tgt_len), config.d_model
+    intensity = 2 * rows * d * d / ((2 * rows * d + d * d) * dtype.itemsize)
+    if intensity >= MACHINE_BALANCE:
+        return None
+    return (f"batch {shape.batch} x {min(shape.src_len, shape.tgt_len)} tokens at d_model {d} in "
+            f"{str(dtype).removeprefix('torch.')} gives the main GEMMs {intensity:.0f} FLOP/byte, "
+            f"under the ~{MACHINE_BALANCE} a GPU needs to be compute-bound: this measures memory "
+            f"and launch overhead more than arithmetic (raise --batch or the lengths)")

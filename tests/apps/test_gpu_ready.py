@@ -13,6 +13,8 @@ import torch
 
 import benchmarks.failures
 from benchmarks.test_speed import synchronised
+from benchmarks.timing import float32_matmul_precision
+from benchmarks.workload import PRESETS, Shape, small_shape_warning
 from common.batches import random_batch
 from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
@@ -84,3 +86,34 @@ def test_compare_runs_end_to_end_on_cuda(_):
     for variant in ("explicit", "einsum", "mathfirst", "fused", "torch"):
         assert variant in done.stdout
     assert "OOM" not in done.stdout and "Error" not in done.stdout
+
+
+def test_the_float32_matmul_precision_follows_torchs_setting():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # TF32 on CUDA
+        assert float32_matmul_precision("cuda") == "TF32"
+        torch.set_float32_matmul_precision("highest")
+        assert float32_matmul_precision("cuda") == "IEEE float32"
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert float32_matmul_precision("cpu") == "IEEE float32"
+
+
+@pytest.mark.parametrize("preset, dtype, warned", [
+    ("tiny", torch.bfloat16, True), ("small", torch.float32, True), ("small", torch.bfloat16, False),
+    ("base", torch.float32, False)])
+def test_a_cuda_shape_too_small_to_be_compute_bound_is_named(preset, dtype, warned):
+    fields, batch, length = PRESETS[preset]
+    config, shape = TransformerConfig(**fields), Shape(batch, length, length)
+    warning = small_shape_warning(config, shape, dtype)
+    assert (warning is not None) == warned
+    if warned:
+        assert f"d_model {config.d_model}" in warning and "compute-bound" in warning
+
+
+def test_the_small_shape_bound_is_the_gemms_intensity():
+    config = TransformerConfig(d_model=512)
+    # bfloat16, D = 512: 2·M·D² / ((2·M·D + D²)·2) = M·D / (2M + D) ≥ 100  <=>  M ≥ 164.1 rows
+    assert small_shape_warning(config, Shape(1, 164, 164), torch.bfloat16) is not None
+    assert small_shape_warning(config, Shape(1, 165, 200), torch.bfloat16) is None  # the shorter
