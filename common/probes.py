@@ -105,8 +105,9 @@ def capture(model: nn.Module, inputs: tuple[Tensor | None, ...]) -> dict[str, Te
     """The probe points of one forward pass ``model(*inputs)`` (no grad), in the order computed.
 
     A declared point whose module did not run is absent. ``nn.MultiheadAttention``'s fast path
-    would compute whole layers in one kernel without calling their submodules, so it is off
-    here and restored after.
+    can compute whole layers in one kernel without calling their submodules (recent releases
+    leave it when hooks are attached; this does not rely on that), so it is off here and
+    restored after.
     """
     by_module: dict[str, list[tuple[str, Probe]]] = defaultdict(list)
     for point, probe in resolve_probes(model).items():

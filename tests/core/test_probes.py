@@ -75,8 +75,19 @@ def test_every_pair_of_builtins_agrees_at_every_point(norm_first):
                                        msg=lambda m, a=a, b=b, p=point: f"{a} vs {b} at {p}: {m}")
 
 
+class FastPathSpy(Explicit):
+    """explicit, noting whether nn.MultiheadAttention's fast path is on while it runs."""
+
+    fast_path: ClassVar[list[bool]] = []
+
+    def forward(self, *inputs):
+        self.fast_path.append(torch.backends.mha.get_fastpath_enabled())
+        return super().forward(*inputs)
+
+
 def test_capture_turns_the_fast_path_off_and_restores_it_and_its_hooks():
-    """nn.Transformer's eval fast path would run whole layers without calling their submodules."""
+    """nn.Transformer's eval fast path can run whole layers without calling their submodules
+    (torch 2.13's layers also leave it when hooks are attached; capture does not rely on that)."""
     config = small_config()
     model = seeded("torch", config).float()
     assert torch.backends.mha.get_fastpath_enabled()
@@ -84,6 +95,8 @@ def test_capture_turns_the_fast_path_off_and_restores_it_and_its_hooks():
     assert list(values) == probe_points(config)
     assert torch.backends.mha.get_fastpath_enabled()
     assert not any(module._forward_hooks for module in model.modules())
+    capture(FastPathSpy(config).eval(), random_batch(config).inputs())
+    assert FastPathSpy.fast_path == [False] and torch.backends.mha.get_fastpath_enabled()
 
 
 def test_a_module_used_twice_is_probed_at_the_call_named():
