@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from benchmarks.run import run
 from common.batches import random_batch
 from common.probes import first_divergence
 from compare import parse_args
+from tests.fixtures.outside import tutorial
 from tests.fixtures.outside.bugs import FIRST_DIVERGENCE
 from tests.helpers import SUBJECTS
 from variants import build
@@ -207,3 +209,24 @@ def test_the_finder_lines_in_the_docs_are_what_the_finder_prints():
         head, _, before = printed.partition("; ")
         assert line.startswith(head + "; "), (line, printed)
         assert before == "nothing comes before it" or float(before.rpartition(" ")[2]) < 1e-13
+
+
+class SwappedBiases(tutorial.Transformer):
+    """A weight map that sends the cross-attention's key bias to the value projection and back."""
+
+    weight_map: ClassVar[dict] = {
+        **{name: target for name, target in tutorial.Transformer.weight_map.items()
+           if not name.startswith(("decoder.layers.{i}.cross_attn.wk", "decoder.layers.{i}.cross_attn.wv"))},
+        "decoder.layers.{i}.cross_attn.wk.weight": "decoder.layers.{i}.src_attn.linears.1.weight",
+        "decoder.layers.{i}.cross_attn.wv.weight": "decoder.layers.{i}.src_attn.linears.2.weight",
+        "decoder.layers.{i}.cross_attn.wk.bias": "decoder.layers.{i}.src_attn.linears.2.bias",
+        "decoder.layers.{i}.cross_attn.wv.bias": "decoder.layers.{i}.src_attn.linears.1.bias",
+    }
+
+
+def test_the_battery_weights_make_a_swapped_bias_show():
+    """init_canonical's biases are all zero; the battery's are not, so a map that misplaces one fails."""
+    spec = f"{__name__}:SwappedBiases"
+    assert forward(spec, first_forward_case(), 0, "forward").passed is False
+    line = first_divergence(locate(spec, first_forward_case()), FLOAT64.atol)
+    assert line.startswith("first divergence: decoder.layers.0.cross_attn ("), line
