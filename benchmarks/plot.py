@@ -18,18 +18,18 @@ EXTRA_HINT = "--plot needs matplotlib: pip install -e '.[plot]' (the plot extra)
 PANELS = (("forward", "forward"), ("train", "train step"), ("decode", "greedy decode"))
 
 
-def path_problem(path: str) -> str | None:
+def path_problem(path: str, option: str = "--plot") -> str | None:
     """Why a picture cannot be written to ``path`` (checked before any timing), or None."""
     target = Path(path)
     if target.suffix.lower() != ".png":
-        return f"--plot writes a PNG: {path!r} does not end in .png"
+        return f"{option} writes a PNG: {path!r} does not end in .png"
     if target.is_dir():
-        return f"--plot {path!r} is a directory"
+        return f"{option} {path!r} is a directory"
     folder = target.parent
     if not folder.is_dir():
-        return f"--plot {path!r}: no directory {str(folder)!r}"
+        return f"{option} {path!r}: no directory {str(folder)!r}"
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        return f"--plot {path!r} is not writable"
+        return f"{option} {path!r} is not writable"
     return None
 
 

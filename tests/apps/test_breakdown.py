@@ -31,3 +31,13 @@ def test_operators_are_grouped_by_name():
     assert group_of("aten::embedding_dense_backward") == "embedding/generator"
     assert group_of("aten::threshold_backward") == "elementwise"
     assert group_of("aten::view") == "other"
+
+
+@pytest.mark.parametrize("out", ["breakdown.jpg", "no/such/dir/breakdown.png"])
+def test_the_script_refuses_a_bad_picture_path_before_profiling(tmp_path, out, capsys):
+    from scripts.breakdown import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--out", str(tmp_path / out)])
+    assert stop.value.code == 2
+    assert ".png" in capsys.readouterr().err  # the reason, not a traceback
