@@ -1,6 +1,8 @@
-"""Where a train step's time goes, per variant: a table and a stacked-bar picture.
+"""The breakdown's command (a program, like compare.py, not library code: it prints).
 
-    python -m scripts.breakdown --preset tiny --out breakdown.png
+Where a train step's time goes, per variant: a table and a stacked-bar picture.
+
+    python -m benchmarks.profile_step --preset tiny --out breakdown.png
 
 profiles one warmed-up train step (forward, NLL, backward, Adam) per variant with
 torch.profiler and groups its operators' self time (benchmarks.breakdown). float32, eager,
