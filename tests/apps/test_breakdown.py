@@ -35,7 +35,7 @@ def test_operators_are_grouped_by_name():
 
 @pytest.mark.parametrize("out", ["breakdown.jpg", "no/such/dir/breakdown.png"])
 def test_the_script_refuses_a_bad_picture_path_before_profiling(tmp_path, out, capsys):
-    from benchmarks.profile_step import main
+    from benchmarks.time_breakdown import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--out", str(tmp_path / out)])

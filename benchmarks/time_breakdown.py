@@ -2,7 +2,7 @@
 
 Where a train step's time goes, per variant: a table and a stacked-bar picture.
 
-    python -m benchmarks.profile_step --preset tiny --out breakdown.png
+    python -m benchmarks.time_breakdown --preset tiny --out breakdown.png
 
 profiles one warmed-up train step (forward, NLL, backward, Adam) per variant with
 torch.profiler and groups its operators' self time (benchmarks.breakdown). float32, eager,
