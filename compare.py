@@ -4,7 +4,8 @@ For each block (device x dtype x shape) it prints one table with a row per varia
 ``variants.VARIANTS``: parameters, forward and train-step time (median and IQR from
 ``torch.utils.benchmark``), tokens/s, achieved GFLOP/s and % of the matmul peak measured in
 the same run, peak memory, time relative to the ``torch`` row, the largest log-probability
-difference from ``torch`` after weight transfer, and greedy-decoding throughput.
+difference from ``torch`` after weight transfer, and greedy-decoding throughput (``--wide``:
+also by full recompute, and beam 4; the key/value cache's speed-up and bytes per token).
 
     python compare.py                                   # small preset, CPU, float32 (< 60 s)
     python compare.py --preset base --batch 8 2 --src-len 128 512
@@ -69,6 +70,8 @@ def command_line() -> Parser:
     parser.add_argument("--decode-len", type=positive(int), default=16, metavar="L",
                         help="greedy-decoding length incl. BOS for the decode column; 1 skips it "
                              "(default 16)")
+    parser.add_argument("--wide", action="store_true", help="also time greedy decoding by full "
+                        "recompute and beam-4 search; show every decode column")
     parser.add_argument("--no-torch-fast-path", action="store_true",
                         help="turn off nn.Transformer's fused eval kernels (torch.backends.mha)")
     parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
@@ -109,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         dtypes=tuple(args.dtype), variants=ordered(args.variants),
         autocast=args.autocast, compile=args.compile, freeze=args.freeze, threads=args.threads,
         rounds=args.rounds, min_run_time=args.min_run_time, decode_len=args.decode_len,
+        all_decoders=args.wide,
         seed=args.seed, keep_freed_memory=args.malloc == "keep",
         torch_fast_path=not args.no_torch_fast_path, show_progress=not args.quiet,
         command=" ".join(["compare.py", *(sys.argv[1:] if argv is None else argv)]),

@@ -37,4 +37,7 @@ class Row:
     dlogp_error: str | None = None  # why the eval forward for the log-prob check failed
     peak_mb: dict[str, float] = field(default_factory=dict)  # mode -> weights + step's peak
     fast_path: bool = False  # whether the forward ran nn.Transformer's fused eval kernels
-    decode_positions: int = 0  # target ids one greedy decode produces (BOS excluded)
+    decode_positions: dict[str, int] = field(default_factory=dict)  # decode mode -> the target
+    # ids one call produces (BOS excluded)
+    cache_bytes: tuple[float, float] | None = None  # key/value cache per source: (cross-attention,
+    # growth per decoded token); None without a cache

@@ -71,6 +71,22 @@ def quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def cache_bytes(model: nn.Module, src: torch.Tensor, src_mask: torch.Tensor, steps: int = 2
+                ) -> tuple[float, float] | None:
+    """Bytes of the model's key/value cache per source: the cross-attention keys and values,
+    held from the start, and what each decoded token adds (measured over ``steps`` steps).
+    None for a model without a cache."""
+    if not getattr(model, "has_cache", False):
+        return None
+    with torch.no_grad():
+        cache = model.start_cache(model.encode(src, src_mask), src_mask)
+        start = cache.nbytes()
+        for _ in range(steps):
+            model.decode_step(torch.ones_like(src[:, :1]), cache)
+    sources = src.shape[0]
+    return start / sources, (cache.nbytes() - start) / (sources * steps)
+
+
 def model_bytes(model: nn.Module) -> int:
     """The bytes of the model's own parameters and buffers."""
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))

@@ -27,12 +27,23 @@ COLUMNS = [  # (title, report key, format; None = a time with its spread)
     ("train vs torch", "train_vs_torch", "{:.2f}x"),
     ("max |Δ logp|", "max_abs_dlogp", "{:.1e}"),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
+    # with all_decoders (compare.py --wide): the other decoders, the cache's speed-up and size
+    ("uncached tok/s", "decode_uncached_tokens_per_s", "{:,.0f}"),
+    ("beam-4 tok/s", "beam_tokens_per_s", "{:,.0f}"),
+    ("cache speed-up", "decode_cache_speedup", "{:.1f}x"),
+    ("decode vs torch", "decode_vs_torch", "{:.2f}x"),
+    ("beam step / greedy step", "beam_step_vs_greedy", "{:.2f}x"),
+    ("cache KiB/token", "cache_bytes_per_token", lambda v: f"{v / 1024:,.0f}"),
     ("compile s", "compile_s", "{:.1f}"),
     ("fwd speed-up, compiled", "forward_compile_speedup", "{:.2f}x"),
     ("train speed-up, compiled", "train_compile_speedup", "{:.2f}x"),
 ]
 COMPILE_COLUMNS = {"compile_s", "forward_compile_speedup", "train_compile_speedup"}
-TIMED_COLUMNS = ("forward_ms", "train_ms", "decode_tokens_per_s")  # "OOM" or "error" on failure
+DECODERS_COLUMNS = {"decode_uncached_tokens_per_s", "beam_tokens_per_s", "decode_cache_speedup",
+                    "decode_vs_torch", "beam_step_vs_greedy", "cache_bytes_per_token"}
+TIMED_COLUMNS = ("forward_ms", "train_ms", "decode_tokens_per_s", "decode_uncached_tokens_per_s",
+                 "beam_tokens_per_s")  # "OOM" or "error" on failure
+MODES = ("forward", "train", "decode_uncached", "decode", "beam")  # by key prefix, longest first
 
 
 def render(report: dict, fmt: str) -> str:
@@ -44,7 +55,8 @@ def render(report: dict, fmt: str) -> str:
     meta = report["meta"]
     parts = []
     for block in report["blocks"]:
-        headers, lines = table_rows(block, meta["compile"], meta["decode_len"] > 1)
+        headers, lines = table_rows(block, meta["compile"], meta["decode_len"] > 1,
+                                    meta.get("all_decoders", False))
         parts.append("\n".join([header_line(meta, block),
                                 tabulate(lines, headers, tablefmt=fmt, disable_numparse=True),
                                 *(f"  {note}" for note in notes(meta, block))]))
@@ -62,17 +74,19 @@ def as_csv(report: dict) -> str:
     return buffer.getvalue()
 
 
-def table_rows(block: dict, show_compile: bool, show_decode: bool) -> tuple[list[str], list[list[str]]]:
+def table_rows(block: dict, show_compile: bool, show_decode: bool, show_decoders: bool = False
+               ) -> tuple[list[str], list[list[str]]]:
     """The column titles and a line of formatted cells per row of ``block``."""
     columns = [c for c in COLUMNS if (show_compile or c[1] not in COMPILE_COLUMNS)
-               and (show_decode or c[1] != "decode_tokens_per_s")]
+               and (show_decode or c[1] != "decode_tokens_per_s")
+               and ((show_decode and show_decoders) or c[1] not in DECODERS_COLUMNS)]
     return [c[0] for c in columns], [[cell(result, key, fmt) for _, key, fmt in columns]
                                      for result in block["rows"]]
 
 
 def cell(result: dict, key: str, fmt) -> str:
     """One formatted cell: "OOM"/"error" for a failed step, "-" for nothing measured."""
-    mode = next((m for m in ("forward", "train", "decode") if key.startswith(m)), None)
+    mode = next((m for m in MODES if key.startswith(m)), None)
     error = result.get(f"{mode}_error") if mode else None
     value = result.get(key)
     if error and key in TIMED_COLUMNS:
@@ -101,7 +115,7 @@ def notes(meta: dict, block: dict) -> list[str]:
     """The lines under a table: failures, the torch fast path, the allocator policy."""
     lines = []
     for result in block["rows"]:
-        for mode in ("forward", "train", "decode"):
+        for mode in MODES:
             error = result.get(f"{mode}_error")
             if error and error != "OOM":
                 lines.append(f"{result['variant']} {mode}: {error}")

@@ -15,6 +15,7 @@ import torch
 
 from benchmarks.measured import Cell, Row
 from benchmarks.settings import Settings
+from benchmarks.steps import DECODE_MODES
 from benchmarks.workload import Shape, forward_flops, train_flops
 
 
@@ -33,7 +34,8 @@ def meta(settings: Settings, allocator: str) -> dict:
     s = settings
     return {**machine(), "threads": s.threads, "torch": torch.__version__, "preset": s.preset,
             "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,
-            "freeze": s.freeze, "decode_len": s.decode_len, "rounds": s.rounds,
+            "freeze": s.freeze, "decode_len": s.decode_len, "all_decoders": s.all_decoders,
+            "rounds": s.rounds,
             "min_run_time": s.min_run_time, "allocator": allocator,
             "flops": "forward_flops (benchmarks/workload.py); train step = 3x forward",
             "command": s.command}
@@ -55,8 +57,8 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, re
     for mode in (m for m in settings.modes if not m.endswith("_eager")):
         cell = row.cells[mode]
         result[f"{mode}_error"] = cell.error
-        if mode == "decode":
-            result["decode_tokens_per_s"] = ratio(row.decode_positions, cell.seconds)
+        if mode in DECODE_MODES:
+            result[f"{mode}_tokens_per_s"] = ratio(row.decode_positions.get(mode), cell.seconds)
             continue
         result.update(speed(mode, cell, flops[mode], peak_flops))
         result[f"{mode}_peak_mb"] = row.peak_mb.get(mode)
@@ -69,8 +71,25 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, re
         speedup = ratio(seconds_of(row, f"{mode}_eager"), row.cells[mode].seconds)
         if speedup is not None:
             result[f"{mode}_compile_speedup"] = speedup
+    if "decode" in settings.modes:
+        result.update(decode_ratios(row, reference))
     return {**result, "max_abs_dlogp": row.max_abs_dlogp, "dlogp_error": row.dlogp_error,
             "compile_s": row.compile_s, "torch_fast_path": row.fast_path}
+
+
+def decode_ratios(row: Row, reference: Row) -> dict:
+    """Greedy decoding's time per generated id against the reference's (torch: full recompute)
+    and against its own full recompute; beam search's time per step against greedy's (one step
+    per generated position); the key/value cache's bytes per source, per decoded id and once
+    for the encoder output's keys and values (None without a cache)."""
+    per_id = {mode: ratio(seconds_of(row, mode), row.decode_positions.get(mode))
+              for mode in DECODE_MODES}
+    reference_per_id = ratio(seconds_of(reference, "decode"), reference.decode_positions.get("decode"))
+    cross, per_token = row.cache_bytes or (None, None)
+    return {"decode_vs_torch": ratio(per_id["decode"], reference_per_id),
+            "decode_cache_speedup": ratio(per_id["decode_uncached"], per_id["decode"]),
+            "beam_step_vs_greedy": ratio(per_id["beam"], per_id["decode"]),
+            "cache_bytes_per_token": per_token, "cache_cross_bytes": cross}
 
 
 def speed(mode: str, cell: Cell, flops: int, peak_flops: float) -> dict:

@@ -22,15 +22,16 @@ from tqdm import tqdm
 
 from benchmarks.failures import recover, release
 from benchmarks.measured import Cell, Row
-from benchmarks.memory import keep_freed_memory, model_bytes, profile_step
+from benchmarks.memory import cache_bytes, keep_freed_memory, model_bytes, profile_step
 from benchmarks.report import block_result, meta, row_result
 from benchmarks.settings import Settings
 from benchmarks.steps import (
+    DECODE_MODES,
     TORCH_FAST_PATH_OPS,
     Autocast,
     autocast_region,
     compiled,
-    decode_step,
+    decode_steps,
     forward_backward,
     forward_step,
     is_training,
@@ -162,8 +163,11 @@ def warm_up(row: Row, settings: Settings, block: Block, reference_logp: Tensor |
         row.model.train(is_training(mode))
         try:
             result = row.steps[mode]()
+            if mode in DECODE_MODES:
+                row.decode_positions[mode] = result.shape[0] * (result.shape[1] - 1)
             if mode == "decode":
-                row.decode_positions = result.shape[0] * (result.shape[1] - 1)
+                with block.autocast():
+                    row.cache_bytes = cache_bytes(row.model, block.batch.src, block.batch.src_mask)
             if settings.compile and mode == "forward" and reference_logp is not None:
                 row.max_abs_dlogp = (result.float() - reference_logp).abs().max().item()
         except Exception as error:
@@ -181,7 +185,7 @@ def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[
     batch, autocast = block.batch, block.autocast
     steps = {"forward": forward_step(model, batch, autocast),
              "train": forward_backward(model, batch, autocast),
-             "decode": decode_step(row.model, batch, settings.decode_len, autocast)}
+             **decode_steps(row.model, batch, settings.decode_len, autocast)}
     if settings.compile:
         steps |= {"forward_eager": forward_step(row.model, batch, autocast),
                   "train_eager": forward_backward(row.model, batch, autocast)}

@@ -2,6 +2,10 @@
 
     step = forward_backward(model, batch)   # forward, NLL, backward; no optimiser
     step()
+
+The decode modes (``DECODE_MODES``) each return the (B, L) ids they produced: greedy with the
+model's key/value cache (the torch reference has none and recomputes), greedy by full
+recompute, and beam search with the paper's beam of 4.
 """
 
 from __future__ import annotations
@@ -15,9 +19,14 @@ from torch import Tensor, nn
 
 from benchmarks.workload import BOS_ID
 from common.batches import Batch
+from seq2seq.beam import BEAM_SIZE, beam_search
 from seq2seq.decoding import greedy_decode
 
 Autocast = Callable[[], contextlib.AbstractContextManager]  # a fresh precision region per call
+
+# "decode": greedy, cached where the model has a cache; "decode_uncached": greedy by full
+# recompute; "beam": beam search of BEAM_SIZE hypotheses, cached where the model has a cache
+DECODE_MODES = ("decode", "decode_uncached", "beam")
 
 # the fused kernels of nn.Transformer's eval fast path: seeing them means the path was taken
 TORCH_FAST_PATH_OPS = {"aten::_transformer_encoder_layer_fwd", "aten::_native_multi_head_attention"}
@@ -58,16 +67,40 @@ def forward_backward(model: nn.Module, batch: Batch, autocast: Autocast = contex
 
 
 def decode_step(model: nn.Module, batch: Batch, max_len: int,
-                autocast: Autocast = contextlib.nullcontext) -> Callable[[], Tensor]:
-    """Greedy decoding of the batch's sources, ``max_len`` ids per row counting BOS."""
+                autocast: Autocast = contextlib.nullcontext, *, use_cache: bool = True
+                ) -> Callable[[], Tensor]:
+    """Greedy decoding of the batch's sources, ``max_len`` ids per row counting BOS; with the
+    model's key/value cache where it has one, unless ``use_cache`` is False."""
     eos_id = model.config.tgt_vocab_size - 1
 
     def step() -> Tensor:
         with autocast():
             return greedy_decode(model, batch.src, batch.src_mask, max_len=max_len,
-                                 bos_id=BOS_ID, eos_id=eos_id)
+                                 bos_id=BOS_ID, eos_id=eos_id, use_cache=use_cache)
 
     return step
+
+
+def beam_step(model: nn.Module, batch: Batch, max_len: int,
+              autocast: Autocast = contextlib.nullcontext) -> Callable[[], Tensor]:
+    """Beam search (beam 4, alpha 0.6) of the batch's sources: the best hypotheses' ids, at
+    most ``max_len`` per row counting BOS."""
+    eos_id = model.config.tgt_vocab_size - 1
+
+    def step() -> Tensor:
+        with autocast():
+            return beam_search(model, batch.src, batch.src_mask, bos_id=BOS_ID, eos_id=eos_id,
+                               beam_size=BEAM_SIZE, max_len=max_len).tokens
+
+    return step
+
+
+def decode_steps(model: nn.Module, batch: Batch, max_len: int,
+                 autocast: Autocast = contextlib.nullcontext) -> dict[str, Callable[[], Tensor]]:
+    """Every decode mode's step, by mode."""
+    return {"decode": decode_step(model, batch, max_len, autocast),
+            "decode_uncached": decode_step(model, batch, max_len, autocast, use_cache=False),
+            "beam": beam_step(model, batch, max_len, autocast)}
 
 
 def compiled(model: nn.Module, freeze: bool) -> nn.Module:

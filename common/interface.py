@@ -93,8 +93,8 @@ class EncoderDecoder(nn.Module, metaclass=abc.ABCMeta):
         time; the cross-attention keys and values of ``memory`` are computed here, once."""
         if not self.has_cache:
             raise NotImplementedError(
-                f"{type(self).__module__} has no key/value cache; decode by full recompute "
-                "(greedy_decode(..., use_cache=False) does)"
+                f"{type(self).__module__} has no key/value cache: decode it by full recompute, "
+                "as greedy_decode and beam_search do"
             )
         checks.check_start(self, memory, src_mask)
         return DecoderCache(self, self._start_cache(memory), src_mask, memory)

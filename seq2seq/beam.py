@@ -105,8 +105,8 @@ def beam_search(
         # finished: the best normalised score that ends here, kept where it beats the row's best
         finished, pick = (top / length_penalty(length, alpha)).masked_fill(~ends, -math.inf).max(dim=1)
         better = finished > best_scores  # (B,)
-        origin = rows * k + beam.gather(1, pick[:, None])[:, 0]  # (B,) the finished one's beam row
-        hypothesis = torch.cat([tokens.index_select(0, origin), token.gather(1, pick[:, None])], dim=1)
+        finished_row = rows * k + beam.gather(1, pick[:, None])[:, 0]  # (B,) its beam's row
+        hypothesis = torch.cat([tokens.index_select(0, finished_row), token.gather(1, pick[:, None])], dim=1)
         best_tokens[:, : length + 1] = torch.where(better[:, None], hypothesis, best_tokens[:, : length + 1])
         best_scores = torch.where(better, finished, best_scores)
         best_length = torch.where(better, length, best_length)

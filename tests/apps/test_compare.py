@@ -246,3 +246,36 @@ def test_failed_cells_read_oom_or_error_and_the_error_is_noted_under_the_table()
     assert torch_row[2] == "error"
     assert "  torch forward: ValueError: bad mask" in text.splitlines()
     assert "explicit forward:" not in text  # an OOM is said in its cell only
+
+
+# --- the decode columns (issue 13) -----------------------------------------------------------
+
+
+def test_wide_times_every_decoder_beside_cached_greedy():
+    assert parse_args(["--preset", "tiny", "--wide"])[0].all_decoders
+    assert not parse_args(["--preset", "tiny"])[0].all_decoders
+    assert tiny_settings(decode_len=4, all_decoders=True).modes == (
+        "forward", "train", "decode", "decode_uncached", "beam")
+    assert tiny_settings(decode_len=1, all_decoders=True).modes == ("forward", "train")
+
+
+def test_decode_columns_rates_ratios_and_cache_bytes():
+    """Cached greedy, greedy by full recompute and beam 4 per row; the cache's bytes per token
+    by the formula (a key and a value of d_model floats per decoder layer); torch has no cache."""
+    settings = tiny_settings(variants=("explicit", "torch"), decode_len=4, all_decoders=True)
+    report = run(settings)
+    rows = {row["variant"]: row for row in report["blocks"][0]["rows"]}
+    config = settings.config
+    for row in rows.values():
+        for key in ("decode_tokens_per_s", "decode_uncached_tokens_per_s", "beam_tokens_per_s",
+                    "decode_cache_speedup", "decode_vs_torch", "beam_step_vs_greedy"):
+            assert row[key] is not None and row[key] > 0, (row["variant"], key)
+    assert rows["explicit"]["cache_bytes_per_token"] == 2 * config.d_model * config.n_layers * 4
+    assert rows["explicit"]["cache_cross_bytes"] == 2 * 8 * config.d_model * config.n_layers * 4  # S=8
+    assert rows["torch"]["cache_bytes_per_token"] is None
+    assert rows["torch"]["decode_vs_torch"] == pytest.approx(1.0)
+    wide = render(report, "plain").splitlines()[1]
+    assert "uncached tok/s" in wide and "beam-4 tok/s" in wide and "cache KiB/token" in wide
+    report["meta"]["all_decoders"] = False
+    narrow = render(report, "plain").splitlines()[1]
+    assert "decode tok/s" in narrow and "uncached tok/s" not in narrow
