@@ -43,17 +43,25 @@ class Batch:
 
 def random_batch(config: TransformerConfig, batch: int = 3, src_len: int = 7, tgt_len: int = 5,
                  *, seed: int = 0, device: torch.device | str = "cpu") -> Batch:
-    """Ids drawn uniformly from [1, vocab) with trailing padding; see the module docstring."""
+    """Real ids drawn uniformly from the vocabulary without ``config.pad_id``, then trailing
+    padding; see the module docstring. Ids are drawn from [1, vocab) and pad_id is renamed 0
+    (a permutation of the ids), so a real token is never padding, and with pad_id 0 the batch
+    is the one drawn from [1, vocab) directly."""
     for name, value in (("batch", batch), ("src_len", src_len), ("tgt_len", tgt_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     generator = torch.Generator().manual_seed(seed)
     pad = config.pad_id
-    src = torch.randint(1, config.src_vocab_size, (batch, src_len), generator=generator)  # (B, S)
-    tgt = torch.randint(1, config.tgt_vocab_size, (batch, tgt_len), generator=generator)  # (B, T)
+
+    def real(vocab: int, shape: tuple[int, int]) -> Tensor:  # uniform over [0, vocab) minus pad
+        ids = torch.randint(1, vocab, shape, generator=generator)
+        return ids.masked_fill(ids == pad, 0)
+
+    src = real(config.src_vocab_size, (batch, src_len))  # (B, S)
+    tgt = real(config.tgt_vocab_size, (batch, tgt_len))  # (B, T)
     rows = torch.arange(batch)[:, None]  # (B, 1): row r gets r padding tokens
     src = src.masked_fill(torch.arange(src_len) >= (src_len - rows).clamp(min=1), pad)
     tgt = tgt.masked_fill(torch.arange(tgt_len) >= (tgt_len - rows).clamp(min=1), pad)
-    labels = torch.randint(1, config.tgt_vocab_size, (batch, tgt_len), generator=generator)
+    labels = real(config.tgt_vocab_size, (batch, tgt_len))
     labels = labels.masked_fill(tgt == pad, pad)  # (B, T)
     return Batch(src, tgt, labels, padding_mask(src, pad), decoder_mask(tgt, pad)).to(device)
