@@ -105,9 +105,17 @@ def canonical_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
 def init_canonical(config: TransformerConfig, seed: int) -> dict[str, Tensor]:
     """Seeded float32 weights in canonical form; ``variants.build(..., seed=)`` imports them.
 
-    Matrices are Xavier-uniform (as ``torch.nn.Transformer`` initialises itself), biases zero,
-    LayerNorm gain one and bias zero, and embeddings N(0, 1/d_model) so that after the
-    sqrt(d_model) scaling of section 3.4 a token vector has unit variance per feature. With
+    Each canonical matrix is Xavier-uniform with its own fans, U(-a, a) with
+    a = sqrt(6 / (fan_in + fan_out)); every bias is zero, LayerNorm gain one and bias zero, and
+    embeddings N(0, 1/d_model) so that after the sqrt(d_model) scaling of section 3.4 a token
+    vector has unit variance per feature. This is close to, not the same as, what
+    ``torch.nn.Transformer`` does in its ``_reset_parameters`` (``xavier_uniform_`` on every
+    parameter with more than one dimension): torch draws the fused ``in_proj_weight``
+    (3*d_model, d_model) as one matrix, so its query, key and value blocks get
+    a = sqrt(6 / (4*d_model)), sqrt(2) narrower than the sqrt(6 / (2*d_model)) here; and only
+    the attention biases are zero there (``MultiheadAttention._reset_parameters``), while the
+    feed-forward biases keep ``nn.Linear``'s default U(-1/sqrt(fan_in), 1/sqrt(fan_in)). The
+    embeddings and the generator lie outside ``nn.Transformer``. With
     ``share_embeddings`` the source embedding is drawn once and is also the target embedding
     and the generator's weight: one tensor under the three names ``TIED``.
     """
