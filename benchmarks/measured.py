@@ -37,6 +37,7 @@ class Row:
     dlogp_error: str | None = None  # why the eval forward for the log-prob check failed
     peak_mb: dict[str, float] = field(default_factory=dict)  # mode -> weights + step's peak
     fast_path: bool = False  # whether the forward ran nn.Transformer's fused eval kernels
+    sdpa_backends: dict[str, str | None] = field(default_factory=dict)  # mode -> SDPA kernels run
     decode_positions: dict[str, int] = field(default_factory=dict)  # decode mode -> the target
     # ids one call produces (BOS excluded)
     cache_bytes: tuple[float, float] | None = None  # key/value cache per source: (cross-attention,

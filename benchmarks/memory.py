@@ -57,6 +57,23 @@ def profile_step(device: str, step: Callable[[], object]) -> tuple[int, set[str]
     return peak, ops
 
 
+# scaled_dot_product_attention's kernels as the profiler names them, and what to call them
+SDPA_BACKENDS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_attention_math": "math",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "mem-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+}
+
+
+def sdpa_backend(ops: set[str]) -> str | None:
+    """Which SDPA kernels a profiled step ran (``profile_step``'s ops), e.g. "flash (CPU)";
+    several joined by " + "; None when it never called scaled_dot_product_attention."""
+    ran = [name for op, name in SDPA_BACKENDS.items() if op in ops]
+    return " + ".join(ran) or None
+
+
 @contextlib.contextmanager
 def quiet_stderr() -> Iterator[None]:
     """Silence the profiler's start/stop chatter, which its C++ side writes straight to fd 2."""

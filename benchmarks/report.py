@@ -16,6 +16,7 @@ import torch
 from benchmarks.measured import Cell, Row
 from benchmarks.settings import Settings
 from benchmarks.steps import DECODE_MODES
+from benchmarks.timing import Peak
 from benchmarks.workload import Shape, forward_flops, train_flops
 
 
@@ -41,11 +42,20 @@ def meta(settings: Settings, allocator: str) -> dict:
             "command": s.command}
 
 
-def block_result(device: str, dtype_name: str, shape: Shape, peak_flops: float, rows: list[dict]
-                 ) -> dict:
-    """One block: where and what it ran, its matmul peak, and a result per timed row."""
+def block_result(device: str, dtype_name: str, shape: Shape, peak: Peak, rows: list[dict], *,
+                 float32_matmul_precision: str, small_shape_warning: str | None = None) -> dict:
+    """One block: where and what it ran, its matmul peak (the best GEMM shape, its spread, its
+    rounds, every shape's rate), the float32 matmul precision in force, a CUDA shape too small
+    to be compute-bound, and a result per timed row."""
     return {"device": device, "dtype": dtype_name, "batch": shape.batch, "src_len": shape.src_len,
-            "tgt_len": shape.tgt_len, "matmul_peak_gflops": peak_flops / 1e9, "rows": rows}
+            "tgt_len": shape.tgt_len, "matmul_peak_gflops": peak.flops_per_second / 1e9,
+            "matmul_peak_iqr_gflops": peak.iqr_flops_per_second / 1e9,
+            "matmul_peak_rounds_gflops": [flops / 1e9 for flops in peak.rounds],
+            "matmul_peak_shape": "x".join(map(str, peak.shape)),
+            "matmul_peak_by_shape_gflops": {"x".join(map(str, gemm)): flops / 1e9
+                                            for gemm, flops in peak.by_shape.items()},
+            "float32_matmul_precision": float32_matmul_precision,
+            "small_shape_warning": small_shape_warning, "rows": rows}
 
 
 def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, reference: Row) -> dict:
@@ -74,7 +84,9 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, re
     if "decode" in settings.modes:
         result.update(decode_ratios(row, reference))
     return {**result, "max_abs_dlogp": row.max_abs_dlogp, "dlogp_error": row.dlogp_error,
-            "compile_s": row.compile_s, "torch_fast_path": row.fast_path}
+            "compile_s": row.compile_s, "torch_fast_path": row.fast_path,
+            "sdpa_backend": row.sdpa_backends.get("forward"),
+            "sdpa_backend_train": row.sdpa_backends.get("train")}
 
 
 def decode_ratios(row: Row, reference: Row) -> dict:

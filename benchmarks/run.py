@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from benchmarks.failures import recover, release
 from benchmarks.measured import Cell, Row
-from benchmarks.memory import cache_bytes, keep_freed_memory, model_bytes, profile_step
+from benchmarks.memory import cache_bytes, keep_freed_memory, model_bytes, profile_step, sdpa_backend
 from benchmarks.report import block_result, meta, row_result
 from benchmarks.settings import Settings
 from benchmarks.steps import (
@@ -36,8 +36,8 @@ from benchmarks.steps import (
     forward_step,
     is_training,
 )
-from benchmarks.timing import MatmulPeak, time_step
-from benchmarks.workload import DTYPES, REFERENCE, Shape
+from benchmarks.timing import MatmulPeak, Peak, float32_matmul_precision, time_step
+from benchmarks.workload import DTYPES, REFERENCE, Shape, gemm_shapes, small_shape_warning
 from common.batches import Batch, random_batch
 from common.weights import transfer
 from variants import build
@@ -90,15 +90,19 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
                         + ("compiling and warming up" if settings.compile else "warming up")):
             warm_up(row, settings, block, reference_logp)
     del reference_logp
-    peak_flops = time_rounds(timed, settings, block, bar)
+    peak = time_rounds(timed, settings, block, bar)
     with phase(bar, f"{block.where}: peak memory"):
         measure_memory(timed, block)
     reference = next(row for row in rows if row.variant == REFERENCE)
-    results = [row_result(row, settings, shape, peak_flops, reference) for row in timed]
+    results = [row_result(row, settings, shape, peak.flops_per_second, reference) for row in timed]
     for row in rows:  # free this block's models before the next block
         row.model.to("cpu")
     release(None, device)
-    return block_result(device, dtype_name, shape, peak_flops, results)
+    on_cuda = device == "cuda"
+    return block_result(device, dtype_name, shape, peak, results,
+                        float32_matmul_precision=float32_matmul_precision(device),
+                        small_shape_warning=small_shape_warning(settings.config, shape, block.dtype)
+                        if on_cuda else None)
 
 
 @contextlib.contextmanager
@@ -192,10 +196,11 @@ def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[
     return steps
 
 
-def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -> float:
+def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -> Peak:
     """Interleaved rounds: the matmul peak, then each mode for every row in turn, so drift hits
-    every row alike. Returns the matmul peak in FLOP/s."""
-    peak = MatmulPeak(block.device, block.dtype, settings.threads)
+    every row alike. Returns the matmul peak (at this model's GEMM shapes and a large square)."""
+    peak = MatmulPeak(block.device, block.dtype, settings.threads,
+                      gemm_shapes(settings.config, block.shape, block.device))
     for round_index in range(settings.rounds):
         peak.measure(settings.min_run_time)
         for mode in settings.modes:
@@ -203,7 +208,7 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -
                             f"round {round_index + 1}/{settings.rounds}"):
                 for row in timed:
                     time_cell(row, mode, settings, block)
-    return peak.flops_per_second()
+    return peak.peak()
 
 
 def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:
@@ -220,12 +225,18 @@ def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:
 
 
 def measure_memory(timed: list[Row], block: Block) -> None:
-    """Each row's weights plus the most its forward and train step hold at once; the forward's
-    profile also shows whether nn.Transformer's fused fast path ran."""
+    """Each row's weights plus the most its forward and train step hold at once; the profiles
+    also show whether nn.Transformer's fused fast path ran and which SDPA kernels did.
+
+    The train step is measured from a state without gradients, as a first step would be: with
+    the timed steps' gradients alive, its own zero_grad(set_to_none=True) would free them at
+    the start, and the new ones would only make up for them, leaving gradients out of the peak.
+    """
     for row in timed:
         for mode in ("forward", "train"):
             if row.cells[mode].error:
                 continue
+            row.model.zero_grad(set_to_none=True)
             row.model.train(mode == "train")
             try:
                 peak, ops = profile_step(block.device, row.steps[mode])
@@ -233,6 +244,7 @@ def measure_memory(timed: list[Row], block: Block) -> None:
                 row.cells[mode].error = recover(error, row.model, block.device)
                 continue
             row.peak_mb[mode] = (model_bytes(row.model) + peak) / 2**20
+            row.sdpa_backends[mode] = sdpa_backend(ops)
             if mode == "forward":
                 row.fast_path = bool(ops & TORCH_FAST_PATH_OPS)
         row.model.zero_grad(set_to_none=True)

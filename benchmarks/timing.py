@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import resource
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch.utils.benchmark import Measurement, Timer
 
 from benchmarks.measured import Cell
@@ -32,24 +35,56 @@ def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_t
     cell.measurement = Measurement.merge([*previous, measurement])[0]
 
 
-class MatmulPeak:
-    """A large square matmul in the block's dtype, timed beside the rows in every round."""
+@dataclass(frozen=True)
+class Peak:
+    """The matmul peak of a block: the best GEMM shape's rate at its median over the rounds."""
 
-    def __init__(self, device: str, dtype: torch.dtype, threads: int) -> None:
-        n = 8192 if device == "cuda" else 2048
-        a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-        self.flops = 2 * n**3
-        self.timer = Timer("a @ b", globals={"a": a, "b": b}, num_threads=threads, label="matmul peak")
-        self.timer.timeit(1)  # warm up (first-call library set-up)
-        self.measurements: list[Measurement] = []
+    flops_per_second: float  # the best shape's FLOP/s at its merged median time
+    iqr_flops_per_second: float  # its spread: FLOP/s at the first quartile of time minus at the third
+    rounds: tuple[float, ...]  # the best shape's FLOP/s in each round
+    shape: tuple[int, int, int]  # the best (M, K, N)
+    by_shape: dict[tuple[int, int, int], float]  # every candidate's FLOP/s at its merged median
+
+
+class MatmulPeak:
+    """The matmul peak for the block's dtype: every (M, K, N) in ``shapes`` (the GEMMs the model
+    runs, and a large square) timed in every round beside the rows; the best shape wins.
+
+    A single square matmul is not the peak of every dtype: CPU bfloat16 kernels reach very
+    different rates at different shapes, so a square alone made "% of peak" swing by 3x between
+    runs. The shapes the model runs bound what its steps could reach.
+    """
+
+    SECONDS_PER_SHAPE = 0.1  # at most, per round: five shapes cost about what one square did
+
+    def __init__(self, device: str, dtype: torch.dtype, threads: int,
+                 shapes: list[tuple[int, int, int]]) -> None:
+        self.timers: dict[tuple[int, int, int], Timer] = {}
+        for m, k, n in shapes:
+            # x (M, K) times a weight stored (N, K), as nn.Linear and F.linear hold it
+            x, weight = (torch.randn(rows, k, device=device).to(dtype) for rows in (m, n))
+            timer = Timer("linear(x, weight)", globals={"linear": F.linear, "x": x, "weight": weight},
+                          num_threads=threads, label="matmul peak", sub_label=f"{m}x{k}x{n}")
+            timer.timeit(1)  # warm up (first-call library set-up, kernel selection)
+            self.timers[(m, k, n)] = timer
+        self.measurements: dict[tuple[int, int, int], list[Measurement]] = {s: [] for s in self.timers}
 
     def measure(self, min_run_time: float) -> None:
-        """One more round (at most half a second: the peak is steady)."""
-        self.measurements.append(self.timer.blocked_autorange(min_run_time=min(min_run_time, 0.5)))
+        """One more round over every shape."""
+        for shape, timer in self.timers.items():
+            run_time = min(min_run_time, self.SECONDS_PER_SHAPE)
+            self.measurements[shape].append(timer.blocked_autorange(min_run_time=run_time))
 
-    def flops_per_second(self) -> float:
-        """The rounds merged: FLOP/s at their median."""
-        return self.flops / Measurement.merge(self.measurements)[0].median
+    def peak(self) -> Peak:
+        """The rounds merged per shape; the best shape's rate, spread and rounds."""
+        merged = {shape: Measurement.merge(rounds)[0] for shape, rounds in self.measurements.items()}
+        by_shape = {shape: 2 * math.prod(shape) / m.median for shape, m in merged.items()}
+        best = max(by_shape, key=by_shape.get)
+        flops = 2 * math.prod(best)
+        fast, slow = torch.tensor(merged[best].times, dtype=torch.float64).quantile(
+            torch.tensor([0.25, 0.75], dtype=torch.float64)).tolist()
+        return Peak(by_shape[best], flops / fast - flops / slow,
+                    tuple(flops / m.median for m in self.measurements[best]), best, by_shape)
 
 
 def float32_matmul_precision(device: str) -> str:

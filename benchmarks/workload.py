@@ -66,6 +66,20 @@ def train_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: in
     return 3 * forward_flops(config, batch, src_len, tgt_len)
 
 
+def gemm_shapes(config: TransformerConfig, shape: Shape, device: str) -> list[tuple[int, int, int]]:
+    """The (M, K, N) of the matmuls a step of this block runs, then one large square (8192 on
+    CUDA, 2048 on CPU): the candidates for the matmul peak. With D = d_model, F = d_ff,
+    V = tgt vocab: the projections (tokens x D x D), the feed-forward's two halves
+    (tokens x D x F, tokens x F x D) over the source tokens, the generator (target tokens x D x V).
+    """
+    d, f, v = config.d_model, config.d_ff, config.tgt_vocab_size
+    src_tokens, tgt_tokens = shape.batch * shape.src_len, shape.batch * shape.tgt_len
+    square = 8192 if device == "cuda" else 2048
+    shapes = [(src_tokens, d, d), (src_tokens, d, f), (src_tokens, f, d), (tgt_tokens, d, v),
+              (square, square, square)]
+    return list(dict.fromkeys(shapes))  # in order, once each
+
+
 MACHINE_BALANCE = 100  # FLOP per byte a data-centre GPU's 16-bit tensor cores need to stay busy
 
 
