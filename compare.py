@@ -1,15 +1,17 @@
 """``python compare.py``: every variant side by side on the same work, in one run.
 
-For each block (device x dtype x shape) it prints one table with a row per variant in
-``variants.VARIANTS``: parameters, forward and train-step time (median and IQR from
-``torch.utils.benchmark``), tokens/s, achieved GFLOP/s and % of the matmul peak measured in
-the same run, peak memory, time relative to the ``torch`` row, the largest log-probability
-difference from ``torch`` after weight transfer, and greedy-decoding throughput (``--wide``:
-also by full recompute, and beam 4; the key/value cache's speed-up and bytes per token).
+For each block (device x dtype x shape) it prints one compact table (at most 120 characters
+wide) with a row per variant in ``variants.VARIANTS``: parameters; forward, train-step and
+greedy-decoding speed, each relative to the ``torch`` row; the train step's share of the matmul
+peak measured in the same run; its peak memory; the largest log-probability difference from
+``torch`` after weight transfer. ``--wide`` shows every column (IQRs, GFLOP/s, tokens/s, ...)
+and also times greedy decoding by full recompute and beam 4; json and csv hold everything.
+``--plot FILE.png`` draws the times relative to torch.
 
     python compare.py                                   # small preset, CPU, float32 (< 60 s)
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
+    python compare.py --preset base --plot compare.png
 
 This file is the command line only: options -> ``benchmarks.settings.Settings`` ->
 ``benchmarks.run.run`` -> ``benchmarks.render.render``. The method is in ``benchmarks/``.
@@ -24,6 +26,7 @@ import sys
 import torch
 from tqdm import tqdm
 
+from benchmarks.plot import matplotlib_problem, path_problem, plot
 from benchmarks.render import FORMATS, render
 from benchmarks.run import run
 from benchmarks.settings import Settings
@@ -63,6 +66,8 @@ def command_line() -> Parser:
     parser.add_argument("--format", choices=FORMATS, default="github", metavar="FORMAT",
                         help="a tabulate style (github, grid, latex, ...), json or csv (default github)")
     parser.add_argument("--output", metavar="FILE", help="write the table here instead of stdout")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw the times relative to torch as a PNG (needs the plot extra)")
     parser.add_argument("--rounds", type=positive(int), default=3,
                         help="interleaved rounds over the variants, merged per cell (default 3)")
     parser.add_argument("--min-run-time", type=positive(float), default=0.4, metavar="SECONDS",
@@ -70,8 +75,9 @@ def command_line() -> Parser:
     parser.add_argument("--decode-len", type=positive(int), default=16, metavar="L",
                         help="greedy-decoding length incl. BOS for the decode column; 1 skips it "
                              "(default 16)")
-    parser.add_argument("--wide", action="store_true", help="also time greedy decoding by full "
-                        "recompute and beam-4 search; show every decode column")
+    parser.add_argument("--wide", action="store_true", help="show every column (the default table "
+                        "is the compact one), and also time greedy decoding by full recompute and "
+                        "beam-4 search")
     parser.add_argument("--no-torch-fast-path", action="store_true",
                         help="turn off nn.Transformer's fused eval kernels (torch.backends.mha)")
     parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
@@ -105,6 +111,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         parser.error("--freeze is an option of --compile; give both")
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         parser.error(f"--output {args.output}: its directory does not exist")
+    if args.plot:  # before any timing: a run must not end in a picture it cannot write
+        problem = path_problem(args.plot) or matplotlib_problem()
+        if problem:
+            parser.error(problem)
     devices = ("cpu", "cuda") if args.device == "all" else (args.device,)
     return Settings(
         config=config, shapes=shapes, preset=args.preset,
@@ -133,7 +143,8 @@ def paired_shapes(parser: Parser, batches: list[int], src_lens: list[int], tgt_l
 
 def main(argv: list[str] | None = None) -> int:
     settings, args = parse_args(argv)
-    text = render(run(settings), args.format)
+    report = run(settings)
+    text = render(report, args.format, wide=args.wide)
     if args.output:
         with open(args.output, "w") as out:
             out.write(text)
@@ -141,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
             tqdm.write(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+    if args.plot:
+        plot(report, args.plot)
+        if not args.quiet:
+            tqdm.write(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -6,13 +6,31 @@ import csv
 import io
 import json
 
+import tabulate as tabulate_module
 from tabulate import tabulate, tabulate_formats
 
 from benchmarks.workload import REFERENCE
 
 FORMATS = (*tabulate_formats, "json", "csv")
 
-COLUMNS = [  # (title, report key, format; None = a time with its spread)
+# The default table: one screen wide (<= 120 characters in the github style at the presets'
+# sizes); every number below and in WIDE_COLUMNS stays in the json and csv output.
+COMPACT_COLUMNS = [  # (title, report key, format; None = a time with its spread)
+    ("variant", "variant", "{}"),
+    ("params M", "params", lambda v: f"{v / 1e6:.2f}"),
+    ("fwd ms", "forward_ms", "{:.1f}"),
+    ("×torch", "forward_vs_torch", "{:.2f}"),
+    ("train ms", "train_ms", "{:.1f}"),
+    ("×torch", "train_vs_torch", "{:.2f}"),
+    ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
+    ("×torch", "decode_vs_torch", "{:.2f}"),
+    ("% peak", "train_pct_peak", "{:.0f}%"),
+    ("peak MB", "train_peak_mb", "{:,.0f}"),
+    ("max Δ logp", "max_abs_dlogp", "{:.1e}"),
+]
+COMPACT_LEGEND = ("×torch: time / torch's (< 1 is faster) · % peak: train step's FLOP/s / matmul peak · "
+                  "peak MB: train step")
+WIDE_COLUMNS = [  # compare.py --wide: every column
     ("variant", "variant", "{}"),
     ("params M", "params", lambda v: f"{v / 1e6:.2f}"),
     ("fwd ms (IQR)", "forward_ms", None),
@@ -22,16 +40,17 @@ COLUMNS = [  # (title, report key, format; None = a time with its spread)
     ("train GFLOP/s", "train_gflops", "{:.0f}"),
     ("fwd % peak", "forward_pct_peak", "{:.0f}%"),
     ("train % peak", "train_pct_peak", "{:.0f}%"),
+    ("fwd peak MB", "forward_peak_mb", "{:,.0f}"),
     ("train peak MB", "train_peak_mb", "{:,.0f}"),
     ("fwd vs torch", "forward_vs_torch", "{:.2f}x"),
     ("train vs torch", "train_vs_torch", "{:.2f}x"),
     ("max |Δ logp|", "max_abs_dlogp", "{:.1e}"),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
+    ("decode vs torch", "decode_vs_torch", "{:.2f}x"),
     # with all_decoders (compare.py --wide): the other decoders, the cache's speed-up and size
     ("uncached tok/s", "decode_uncached_tokens_per_s", "{:,.0f}"),
     ("beam-4 tok/s", "beam_tokens_per_s", "{:,.0f}"),
     ("cache speed-up", "decode_cache_speedup", "{:.1f}x"),
-    ("decode vs torch", "decode_vs_torch", "{:.2f}x"),
     ("beam step / greedy step", "beam_step_vs_greedy", "{:.2f}x"),
     ("cache KiB/token", "cache_bytes_per_token", lambda v: f"{v / 1024:,.0f}"),
     ("compile s", "compile_s", "{:.1f}"),
@@ -39,15 +58,17 @@ COLUMNS = [  # (title, report key, format; None = a time with its spread)
     ("train speed-up, compiled", "train_compile_speedup", "{:.2f}x"),
 ]
 COMPILE_COLUMNS = {"compile_s", "forward_compile_speedup", "train_compile_speedup"}
+DECODE_COLUMNS = {"decode_tokens_per_s", "decode_vs_torch"}  # cached greedy, unless decode_len 1
 DECODERS_COLUMNS = {"decode_uncached_tokens_per_s", "beam_tokens_per_s", "decode_cache_speedup",
-                    "decode_vs_torch", "beam_step_vs_greedy", "cache_bytes_per_token"}
+                    "beam_step_vs_greedy", "cache_bytes_per_token"}
 TIMED_COLUMNS = ("forward_ms", "train_ms", "decode_tokens_per_s", "decode_uncached_tokens_per_s",
                  "beam_tokens_per_s")  # "OOM" or "error" on failure
 MODES = ("forward", "train", "decode_uncached", "decode", "beam")  # by key prefix, longest first
 
 
-def render(report: dict, fmt: str) -> str:
-    """The whole report in ``fmt``: "json", "csv" or a tabulate style (one table per block)."""
+def render(report: dict, fmt: str, wide: bool = False) -> str:
+    """The whole report in ``fmt``: "json", "csv" or a tabulate style (one table per block, the
+    compact columns, or every column when ``wide``)."""
     if fmt == "json":
         return json.dumps(report, indent=2)
     if fmt == "csv":
@@ -56,11 +77,22 @@ def render(report: dict, fmt: str) -> str:
     parts = []
     for block in report["blocks"]:
         headers, lines = table_rows(block, meta["compile"], meta["decode_len"] > 1,
-                                    meta.get("all_decoders", False))
-        parts.append("\n".join([header_line(meta, block),
-                                tabulate(lines, headers, tablefmt=fmt, disable_numparse=True),
-                                *(f"  {note}" for note in notes(meta, block))]))
+                                    meta.get("all_decoders", False), wide)
+        parts.append("\n".join([*header_lines(meta, block), table(lines, headers, fmt),
+                                *(f"  {note}" for note in notes(meta, block, wide))]))
     return "\n\n".join(parts) + "\n"
+
+
+def table(lines: list[list[str]], headers: list[str], fmt: str) -> str:
+    """``tabulate`` of the formatted cells, each column as wide as its widest entry: tabulate
+    otherwise pads every title by two spaces (room for numbers it aligns; ours are strings),
+    which alone would take the compact table past 120 characters."""
+    padding = tabulate_module.MIN_PADDING
+    tabulate_module.MIN_PADDING = 0
+    try:
+        return tabulate(lines, headers, tablefmt=fmt, disable_numparse=True)
+    finally:
+        tabulate_module.MIN_PADDING = padding
 
 
 def as_csv(report: dict) -> str:
@@ -74,11 +106,13 @@ def as_csv(report: dict) -> str:
     return buffer.getvalue()
 
 
-def table_rows(block: dict, show_compile: bool, show_decode: bool, show_decoders: bool = False
-               ) -> tuple[list[str], list[list[str]]]:
-    """The column titles and a line of formatted cells per row of ``block``."""
-    columns = [c for c in COLUMNS if (show_compile or c[1] not in COMPILE_COLUMNS)
-               and (show_decode or c[1] != "decode_tokens_per_s")
+def table_rows(block: dict, show_compile: bool, show_decode: bool, show_decoders: bool = False,
+               wide: bool = False) -> tuple[list[str], list[list[str]]]:
+    """The column titles and a line of formatted cells per row of ``block``: the compact
+    columns, or with ``wide`` every column the run measured."""
+    columns = [c for c in (WIDE_COLUMNS if wide else COMPACT_COLUMNS)
+               if (show_compile or c[1] not in COMPILE_COLUMNS)
+               and (show_decode or c[1] not in DECODE_COLUMNS)
                and ((show_decode and show_decoders) or c[1] not in DECODERS_COLUMNS)]
     return [c[0] for c in columns], [[cell(result, key, fmt) for _, key, fmt in columns]
                                      for result in block["rows"]]
@@ -98,22 +132,30 @@ def cell(result: dict, key: str, fmt) -> str:
     return fmt(value) if callable(fmt) else fmt.format(value)
 
 
-def header_line(meta: dict, block: dict) -> str:
-    """The line above a table: machine, threads, torch, precision, preset, shape, matmul peak."""
+def header_lines(meta: dict, block: dict) -> list[str]:
+    """The two lines above a table: the machine (device, model, threads, torch), then the work
+    (precision, preset, shape) and the matmul peak with its spread over the rounds."""
     device = block["device"]
     model = meta["gpu_model"] if device == "cuda" else meta["cpu_model"]
     precision_mode = f"{block['dtype']} (autocast)" if meta["autocast"] else block["dtype"]
+    if device == "cuda" and block["dtype"] == "float32" and block.get("float32_matmul_precision"):
+        precision_mode += f" (matmuls in {block['float32_matmul_precision']})"
     if meta["compile"]:
         precision_mode += " · torch.compile" + (" with freezing" if meta["freeze"] else "")
-    return (f"{device}: {model} · {meta['threads']} threads · torch {meta['torch']} · "
+    peak = f"matmul peak {block['matmul_peak_gflops']:,.0f} GFLOP/s"
+    if block.get("matmul_peak_iqr_gflops") is not None:
+        peak += f" (IQR {block['matmul_peak_iqr_gflops']:,.0f})"
+    return [f"{device}: {model} · {meta['threads']} threads · torch {meta['torch']}",
             f"{precision_mode} · preset {meta['preset']} · batch {block['batch']} × src "
-            f"{block['src_len']} × tgt {block['tgt_len']} · matmul peak "
-            f"{block['matmul_peak_gflops']:,.0f} GFLOP/s")
+            f"{block['src_len']} × tgt {block['tgt_len']} · {peak}"]
 
 
-def notes(meta: dict, block: dict) -> list[str]:
-    """The lines under a table: failures, the torch fast path, the allocator policy."""
-    lines = []
+def notes(meta: dict, block: dict, wide: bool = False) -> list[str]:
+    """The lines under a table: the compact table's legend, a CUDA shape too small to be
+    compute-bound, failures, which SDPA kernels ran, the torch fast path, the allocator."""
+    lines = [] if wide else [COMPACT_LEGEND]
+    if block.get("small_shape_warning"):
+        lines.append(f"warning: {block['small_shape_warning']}")
     for result in block["rows"]:
         for mode in MODES:
             error = result.get(f"{mode}_error")
@@ -121,6 +163,9 @@ def notes(meta: dict, block: dict) -> list[str]:
                 lines.append(f"{result['variant']} {mode}: {error}")
         if result["dlogp_error"]:
             lines.append(f"{result['variant']} log-prob check: {result['dlogp_error']}")
+    sdpa = sdpa_note(block["rows"])
+    if sdpa:
+        lines.append(sdpa)
     reference = next((r for r in block["rows"] if r["variant"] == REFERENCE), None)
     if reference is not None:
         used = "uses" if reference["torch_fast_path"] else "does not use"
@@ -132,3 +177,15 @@ def notes(meta: dict, block: dict) -> list[str]:
             lines.append("  ...under CPU autocast too, where its fused kernels run in float32")
     lines.append(f"allocator: {meta['allocator']}")
     return lines
+
+
+def sdpa_note(rows: list[dict]) -> str | None:
+    """Which scaled_dot_product_attention kernels each row ran, or None if no row called it."""
+    ran = []
+    for result in rows:
+        modes = [f"{mode} {result[key]}" for mode, key in (("forward", "sdpa_backend"),
+                                                            ("train", "sdpa_backend_train"))
+                 if result.get(key)]
+        if modes:
+            ran.append(f"{result['variant']} {', '.join(modes)}")
+    return f"SDPA kernel: {'; '.join(ran)}" if ran else None

@@ -242,8 +242,11 @@ def test_failed_cells_read_oom_or_error_and_the_error_is_noted_under_the_table()
     text = render({"meta": meta, "blocks": [block]}, "plain")
     explicit, torch_row = (next(line.split() for line in text.splitlines() if line.startswith(name))
                            for name in ("explicit", "torch "))
-    assert explicit[2:5] == ["OOM", "2.0", "(0.2)"]
+    assert explicit[2:5] == ["OOM", "-", "2.0"]  # fwd ms, ×torch, train ms
     assert torch_row[2] == "error"
+    wide = render({"meta": meta, "blocks": [block]}, "plain", wide=True)
+    explicit = next(line.split() for line in wide.splitlines() if line.startswith("explicit"))
+    assert explicit[2:5] == ["OOM", "2.0", "(0.2)"]  # fwd ms (IQR), train ms (IQR)
     assert "  torch forward: ValueError: bad mask" in text.splitlines()
     assert "explicit forward:" not in text  # an OOM is said in its cell only
 
@@ -274,8 +277,48 @@ def test_decode_columns_rates_ratios_and_cache_bytes():
     assert rows["explicit"]["cache_cross_bytes"] == 2 * 8 * config.d_model * config.n_layers * 4  # S=8
     assert rows["torch"]["cache_bytes_per_token"] is None
     assert rows["torch"]["decode_vs_torch"] == pytest.approx(1.0)
-    wide = render(report, "plain").splitlines()[1]
+    wide = titles(render(report, "plain", wide=True))
     assert "uncached tok/s" in wide and "beam-4 tok/s" in wide and "cache KiB/token" in wide
+    assert "uncached tok/s" not in titles(render(report, "plain"))  # not in the compact table
     report["meta"]["all_decoders"] = False
-    narrow = render(report, "plain").splitlines()[1]
+    narrow = titles(render(report, "plain", wide=True))
     assert "decode tok/s" in narrow and "uncached tok/s" not in narrow
+
+
+def titles(text: str) -> str:
+    """The column titles' line of a rendered table."""
+    return next(line for line in text.splitlines() if line.lstrip("| ").startswith("variant"))
+
+
+# --- the compact default table (issue 18) and the SDPA kernel each row ran (issue 17) ----------
+
+COMPACT_TITLES = ["variant", "params M", "fwd ms", "×torch", "train ms", "×torch", "decode tok/s",
+                  "×torch", "% peak", "peak MB", "max Δ logp"]
+
+
+def test_the_default_table_fits_120_characters_and_wide_shows_every_column(tiny_report):
+    compact = render(tiny_report, "github")
+    table = [line for line in compact.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(VARIANTS)
+    assert [title.strip() for title in table[0].strip("|").split("|")] == COMPACT_TITLES
+    assert max(map(len, compact.splitlines())) <= 120, compact
+    wide = titles(render(tiny_report, "github", wide=True))
+    for title in ("fwd ms (IQR)", "train tok/s", "fwd GFLOP/s", "train % peak", "fwd peak MB",
+                  "fwd vs torch", "decode vs torch"):
+        assert title in wide and title not in table[0], title
+
+
+def test_the_header_gives_the_matmul_peak_with_its_spread(tiny_report):
+    (block,) = tiny_report["blocks"]
+    header = render(tiny_report, "github").splitlines()[1]
+    assert f"matmul peak {block['matmul_peak_gflops']:,.0f} GFLOP/s (IQR " in header
+    assert len(block["matmul_peak_rounds_gflops"]) == tiny_report["meta"]["rounds"]
+    assert block["matmul_peak_gflops"] == max(block["matmul_peak_by_shape_gflops"].values())
+
+
+def test_the_fused_row_names_its_sdpa_kernel_and_a_from_scratch_row_none(tiny_report):
+    rows = {row["variant"]: row for row in tiny_report["blocks"][0]["rows"]}
+    assert rows["fused"]["sdpa_backend"] and rows["fused"]["sdpa_backend_train"]
+    assert rows["explicit"]["sdpa_backend"] is None and rows["explicit"]["sdpa_backend_train"] is None
+    note = next(line for line in render(tiny_report, "github").splitlines() if "SDPA kernel" in line)
+    assert f"fused forward {rows['fused']['sdpa_backend']}" in note and "explicit" not in note

@@ -3,11 +3,14 @@ torch with IQR whiskers), its path checks and the missing-extra message."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks.plot import EXTRA_HINT, matplotlib_problem, path_problem, plot, relative_times
+from compare import parse_args
 
 matplotlib = pytest.importorskip("matplotlib")
 
@@ -69,3 +72,40 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
     assert matplotlib_problem() == EXTRA_HINT
     assert "plot" in EXTRA_HINT and "extra" in EXTRA_HINT
 
+
+
+# --- compare.py --plot ---------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_compare_draws_the_plot_it_is_asked_for(tmp_path):
+    path = tmp_path / "run.png"
+    done = subprocess.run([sys.executable, "compare.py", "--preset", "tiny", "--rounds", "1",
+                           "--min-run-time", "0.02", "--threads", "1", "--decode-len", "3", "--quiet",
+                           "--variants", "fused", "torch", "--plot", str(path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| fused" in done.stdout  # the table still goes to stdout
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[1] > 800 and pixels[..., :3].std() > 0.05
+
+
+@pytest.mark.parametrize("name, complaint", [
+    ("out.jpg", "does not end in .png"), ("missing/out.png", "no directory"),
+    ("adir.png", "is a directory")])
+def test_compare_refuses_a_bad_plot_path_before_any_work(tmp_path, capsys, name, complaint):
+    (tmp_path / "adir.png").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--preset", "tiny", "--plot", str(tmp_path / name)])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("compare.py: error: --plot") and complaint in line
+
+
+def test_compare_without_matplotlib_exits_2_naming_the_extra(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--preset", "tiny", "--plot", str(tmp_path / "run.png")])
+    assert exit_info.value.code == 2
+    assert "pip install -e '.[plot]'" in capsys.readouterr().err
