@@ -86,6 +86,9 @@ def test_compare_runs_end_to_end_on_cuda(_):
     for variant in ("explicit", "einsum", "mathfirst", "fused", "torch"):
         assert variant in done.stdout
     assert "OOM" not in done.stdout and "Error" not in done.stdout
+    assert "float32 (matmuls in " in done.stdout  # TF32 or IEEE float32, the header says which
+    assert "warning: batch 4 x 16 tokens" in done.stdout  # the tiny preset is too small for a GPU
+    assert "SDPA kernel: fused forward " in done.stdout
 
 
 def test_the_float32_matmul_precision_follows_torchs_setting():
