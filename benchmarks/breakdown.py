@@ -1,20 +1,25 @@
 """Where a train step's time goes: one profiled step (forward, NLL, backward, Adam) per variant,
 its operators' self time grouped by what they do.
 
-    profile = profile_train_step(model, batch)   # {op name: self µs}, the optimizer apart
-    groups = group_times(profile)                # {group: µs}, every µs in exactly one group
+    groups, total = profile_train_step(model, batch)               # eager, the model's dtype
+    groups, total = profile_train_step(model, batch, compile=True)  # the suite's compiled step
 
-Groups, by aten operator name (the step's own ops and their backward ops):
-  matmul             mm, addmm, bmm, baddbmm, matmul-backed kernels
+Groups, by operator name (the step's own aten ops, their backward ops, and inductor's kernels,
+which are named after the aten ops fused into them):
+  matmul             mm, addmm, bmm, baddbmm, linear, matmul, einsum (their own time: the
+                     contraction's planning and reshapes)
   attention          softmax and its backward, masked_fill, fused attention kernels (the score
                      matmuls themselves count as matmul)
   layernorm          native_layer_norm and its backward
-  dropout            native_dropout, bernoulli and their backward
+  dropout            native_dropout, bernoulli, rand and their backward
   elementwise        other element-wise and reduction work (add, mul, relu, copy, sum, ...)
   embedding/generator  embedding and its backward, log_softmax, NLL
   optimizer          every op inside the optimizer's step
-  other              everything else (views, autograd bookkeeping, unlisted ops)
-Self time is exclusive, so the groups sum to the profiled total (the top-level events' time).
+  other              everything else: views, allocation, autograd's and the compiled graphs'
+                     own bookkeeping
+An inductor kernel fuses several ops; it goes to the first group above in ``KERNEL_ORDER``
+whose op it names (a fused softmax-and-dropout kernel counts as dropout). Self time is
+exclusive, so the groups sum to the profiled total (the top-level events' time).
 """
 
 from __future__ import annotations
@@ -22,18 +27,22 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.memory import quiet_stderr
+from benchmarks.steps import compiled, forward_backward
 from common.batches import Batch
 
 GROUPS = ("matmul", "attention", "layernorm", "dropout", "elementwise", "embedding/generator",
           "optimizer", "other")
+NAMED_GROUPS = GROUPS[:-1]  # the groups the coverage counts
 OPTIMIZER_REGION = "breakdown::optimizer"
+INDUCTOR_KERNEL = "cpp_fused_"  # inductor's CPU kernels: cpp_fused_<aten ops>_<n>
 NAMES = {
-    "matmul": {"mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addbmm", "dot", "mv"},
+    "matmul": {"mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addbmm", "dot", "mv",
+               "linear", "matmul", "einsum", "_mkldnn_linear", "mkldnn_linear"},
     "attention": {"_softmax", "_softmax_backward_data", "softmax", "masked_fill", "masked_fill_",
+                  "scaled_dot_product_attention", "_scaled_dot_product_attention_math",
                   "_scaled_dot_product_flash_attention_for_cpu",
                   "_scaled_dot_product_flash_attention_for_cpu_backward",
                   "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
@@ -41,49 +50,77 @@ NAMES = {
                   "_scaled_dot_product_efficient_attention_backward",
                   "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward"},
     "layernorm": {"native_layer_norm", "native_layer_norm_backward", "layer_norm"},
-    "dropout": {"native_dropout", "native_dropout_backward", "bernoulli_", "bernoulli", "dropout"},
+    "dropout": {"native_dropout", "native_dropout_backward", "bernoulli_", "bernoulli", "dropout",
+                "rand_like", "rand", "uniform_"},
     "embedding/generator": {"embedding", "embedding_backward", "embedding_dense_backward",
-                            "_log_softmax", "_log_softmax_backward_data", "nll_loss_forward",
-                            "nll_loss_backward", "nll_loss", "nll_loss_nd", "index_select",
+                            "_log_softmax", "_log_softmax_backward_data", "log_softmax",
+                            "nll_loss_forward", "nll_loss_backward", "nll_loss", "nll_loss_nd",
+                            "nll_loss2d_forward", "nll_loss2d_backward", "index_select",
                             "index_add_", "embedding_renorm_"},
     "elementwise": {"add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "relu", "relu_",
-                    "threshold_backward", "copy_", "clone", "fill_", "zero_", "zeros_like",
-                    "sum", "mean", "var", "std", "sqrt", "rsqrt", "pow", "neg", "exp", "where",
-                    "sin", "cos", "to", "_to_copy", "contiguous", "cat", "ones_like", "empty_like",
-                    "addcmul_", "addcdiv_", "lerp_", "maximum", "eq", "ne", "lt", "ge", "logical_not",
-                    "logical_and", "bitwise_and", "bitwise_not", "_unsafe_view", "reciprocal", "abs",
-                    "masked_fill_backward", "expand_as", "sum_to_size", "any", "all", "max", "amax",
-                    "aminmax", "cumsum", "arange", "full", "scalar_tensor", "_local_scalar_dense"},
+                    "clamp_min", "clamp_min_", "threshold_backward", "copy_", "clone", "fill_",
+                    "zero_", "zeros", "zeros_like", "ones", "sum", "mean", "var", "std", "sqrt",
+                    "rsqrt", "pow", "neg", "exp", "where", "sin", "cos", "to", "_to_copy",
+                    "contiguous", "cat", "ones_like", "empty_like", "addcmul_", "addcdiv_", "lerp_",
+                    "maximum", "eq", "ne", "lt", "gt", "le", "ge", "logical_not", "logical_and",
+                    "logical_or", "bitwise_and", "bitwise_not", "bitwise_or", "reciprocal", "abs",
+                    "masked_fill_backward", "sum_to_size", "any", "all", "max", "amax", "aminmax",
+                    "cumsum", "arange", "full", "scalar_tensor", "_local_scalar_dense", "var_mean",
+                    "sign", "square", "sqrt_", "mul_backward"},
 }
+# inductor kernel names: the first group whose op a kernel's name contains; generator ops come
+# before attention's ("_log_softmax" contains "_softmax"), dropout before everything it fuses into
+KERNEL_ORDER = (
+    ("dropout", ("native_dropout", "bernoulli", "rand")),
+    ("embedding/generator", ("embedding", "log_softmax", "nll_loss")),
+    ("attention", ("softmax", "masked_fill", "scaled_dot_product")),
+    ("layernorm", ("native_layer_norm", "layer_norm")),
+)
 
 
 def group_of(name: str) -> str:
-    """The group of one operator by its name (``aten::mm`` -> "matmul")."""
+    """The group of one profiled event by its name (``aten::mm`` -> "matmul",
+    ``cpp_fused__softmax_masked_fill_3`` -> "attention")."""
+    if name.startswith("Optimizer."):  # the optimizer's own profiler hook (Optimizer.step#Adam.step)
+        return "optimizer"
+    if INDUCTOR_KERNEL in name:
+        fused = name[name.index(INDUCTOR_KERNEL) + len(INDUCTOR_KERNEL):]
+        return next((group for group, ops in KERNEL_ORDER if any(op in fused for op in ops)),
+                    "elementwise")  # every other fused kernel is element-wise or a reduction
     op = name.removeprefix("aten::")
     return next((group for group, names in NAMES.items() if op in names), "other")
 
 
-def profile_train_step(model: nn.Module, batch: Batch, lr: float = 1e-4
-                       ) -> tuple[dict[str, float], float]:
-    """One warmed-up train step of ``model`` profiled: its grouped self time in µs and the
-    profiled total (the summed time of the top-level events), also in µs."""
+def coverage(groups: dict[str, float], total: float) -> float:
+    """The share of ``total`` the named groups account for, in %: all but "other"."""
+    return 100 * sum(groups[g] for g in NAMED_GROUPS) / total
+
+
+def profile_train_step(model: nn.Module, batch: Batch, lr: float = 1e-4, *, compile: bool = False,
+                       repeats: int = 3) -> tuple[dict[str, float], float]:
+    """A warmed-up train step of ``model`` (in the dtype it holds) profiled ``repeats`` times:
+    the fastest profile's grouped self time in µs and its total (the summed time of the top-level
+    events), also in µs. The fastest, because on a shared machine a descheduled thread charges
+    its wait to whichever op is running. ``compile`` profiles the step compare.py --compile
+    times (benchmarks.steps.compiled), with inductor's kernels recorded by name."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
     model.train()
+    train = forward_backward(compiled(model, freeze=False, profile_kernels=True) if compile
+                             else model, batch)
 
     def step() -> None:
-        model.zero_grad(set_to_none=True)
-        logp = model(*batch.inputs())
-        loss = F.nll_loss(logp.flatten(0, 1).float(), batch.labels.flatten(),
-                          ignore_index=model.config.pad_id)
-        loss.backward()
+        train()  # zero_grad, forward, NLL, backward
         with torch.profiler.record_function(OPTIMIZER_REGION):
             optimizer.step()
 
-    step()  # warm up: first-call set-up and the optimizer's state
-    with quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
-                                                ) as profiler:
-        step()
-    return grouped(profiler.events())
+    step()  # warm up: compiling, first-call set-up and the optimizer's state
+    profiles = []
+    for _ in range(repeats):
+        with quiet_stderr(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                                    ) as profiler:
+            step()
+        profiles.append(grouped(profiler.events()))
+    return min(profiles, key=lambda groups_total: groups_total[1])
 
 
 def grouped(events) -> tuple[dict[str, float], float]:

@@ -3,32 +3,46 @@
 Where a train step's time goes, per variant: a table and a stacked-bar picture.
 
     python -m benchmarks.time_breakdown --preset tiny --out breakdown.png
+    python -m benchmarks.time_breakdown --preset base --dtypes float32 bfloat16 --steps eager compiled
 
 profiles one warmed-up train step (forward, NLL, backward, Adam) per variant with
-torch.profiler and groups its operators' self time (benchmarks.breakdown). float32, eager,
+torch.profiler and groups its operators' self time (benchmarks.breakdown), for each dtype
+(the model cast to it) and each step: eager, or compiled as compare.py --compile compiles it.
 CPU. Needs matplotlib for the picture: ``pip install -e ".[plot]"``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import torch
 from tabulate import tabulate
 
-from benchmarks.breakdown import GROUPS, profile_train_step
+from benchmarks.breakdown import GROUPS, coverage, profile_train_step
 from benchmarks.plot import matplotlib_problem, path_problem
-from benchmarks.workload import PRESETS
+from benchmarks.workload import DTYPES, PRESETS
 from common.batches import random_batch
 from common.config import TransformerConfig
 from variants import VARIANTS, build
 
+STEPS = ("eager", "compiled")
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     parser.add_argument("--preset", choices=list(PRESETS), default="tiny")
+    parser.add_argument("--batch", type=int, help="batch size (default: the preset's)")
+    parser.add_argument("--length", type=int, help="source and target length (default: the preset's)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32"])
+    parser.add_argument("--steps", nargs="+", choices=STEPS, default=["eager"],
+                        help="eager, and/or compiled as compare.py --compile compiles the step")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="profiled steps per row; the fastest is kept (default 3)")
+    parser.add_argument("--ms", action="store_true", help="the table in ms per group, not % of the step")
     parser.add_argument("--out", help="write the stacked-bar PNG here")
     args = parser.parse_args(argv)
     problem = args.out and (path_problem(args.out, "--out") or matplotlib_problem())
@@ -36,38 +50,53 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     torch.set_num_threads(args.threads)
     fields, batch, length = PRESETS[args.preset]
+    batch, length = args.batch or batch, args.length or length
     config = TransformerConfig(**fields)
     data = random_batch(config, batch, length, length)
-    shares = {}
-    for variant in VARIANTS:
-        groups, total = profile_train_step(build(variant, config, seed=0), data)
-        shares[variant] = (total, {g: 100 * t / total for g, t in groups.items()})
-    rows = [[v, f"{total / 1e3:.1f}", *(f"{s[g]:.1f}" for g in GROUPS)]
-            for v, (total, s) in shares.items()]
-    print(f"train step (float32, eager, cpu, {args.threads} threads), preset {args.preset}, "
-          f"batch {batch} x {length} x {length}: % of profiled self time")
-    print(tabulate(rows, ["variant", "step ms", *GROUPS], tablefmt="github", disable_numparse=True))
+    panels = {}  # (dtype, step) -> {variant: (total µs, {group: % of total})}
+    for dtype, step in itertools.product(args.dtypes, args.steps):
+        shares = {}
+        for variant in args.variants:
+            model = build(variant, config, seed=0).to(DTYPES[dtype])
+            groups, total = profile_train_step(model, data, compile=step == "compiled",
+                                               repeats=args.repeats)
+            shares[variant] = (total, {g: 100 * t / total for g, t in groups.items()})
+            shares[variant][1]["covered"] = coverage(groups, total)
+        panels[dtype, step] = shares
+        print(f"\ntrain step ({dtype}, {step}, cpu, {args.threads} threads), preset {args.preset}, "
+              f"batch {batch} x {length} x {length}: "
+              + ("ms of profiled self time" if args.ms else "% of profiled self time"))
+        scale = {v: total / 1e5 if args.ms else 1.0 for v, (total, _) in shares.items()}  # % -> ms
+        rows = [[v, f"{total / 1e3:.1f}", *(f"{s[g] * scale[v]:.1f}" for g in GROUPS),
+                 f"{s['covered']:.1f}"] for v, (total, s) in shares.items()]
+        print(tabulate(rows, ["variant", "step ms", *GROUPS, "covered %"], tablefmt="github",
+                       disable_numparse=True))
     if args.out:
-        picture(shares, args.out, f"train step self time, preset {args.preset}, "
-                                  f"batch {batch} x {length} x {length}, float32, cpu")
+        picture(panels, args.out, f"train step self time, preset {args.preset}, "
+                                  f"batch {batch} x {length} x {length}, cpu")
     return 0
 
 
-def picture(shares: dict, path: str, title: str) -> None:
+def picture(panels: dict, path: str, title: str) -> None:
+    """One panel per (dtype, step), one stacked bar per variant: its groups' shares."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, ax = plt.subplots(figsize=(8, 4.5), layout="constrained")
-    bottom = [0.0] * len(shares)
-    for group in GROUPS:
-        heights = [s[group] for _, s in shares.values()]
-        ax.bar(list(shares), heights, bottom=bottom, label=group)
-        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
-    ax.set_ylabel("% of the profiled step")
-    ax.set_title(title, fontsize=9)
-    ax.legend(loc="center left", bbox_to_anchor=(1, 0.5), fontsize=8)
+    figure, axes = plt.subplots(1, len(panels), figsize=(3 + 3.2 * len(panels), 4.5),
+                                layout="constrained", sharey=True, squeeze=False)
+    for ax, ((dtype, step), shares) in zip(axes[0], panels.items(), strict=True):
+        bottom = [0.0] * len(shares)
+        for group in GROUPS:
+            heights = [s[group] for _, s in shares.values()]
+            ax.bar(list(shares), heights, bottom=bottom, label=group)
+            bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+        ax.set_title(f"{dtype}, {step}", fontsize=9)
+        ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    axes[0][0].set_ylabel("% of the profiled step")
+    figure.suptitle(title, fontsize=9)
+    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1, 0.5), fontsize=8)
     figure.savefig(path, dpi=110)
     plt.close(figure)
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from benchmarks.breakdown import GROUPS, group_of, profile_train_step
+from benchmarks.breakdown import GROUPS, coverage, group_of, profile_train_step
 from common.batches import random_batch
 from common.config import TransformerConfig
 from variants import build
@@ -13,24 +14,70 @@ CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, src_vocab
                            tgt_vocab_size=40, max_seq_len=16)
 
 
-@pytest.mark.parametrize("variant", ["explicit", "torch"])
-def test_the_groups_sum_to_the_profiled_total(variant):
-    groups, total = profile_train_step(build(variant, CONFIG, seed=0), random_batch(CONFIG, 2, 6, 5))
+def check_partition(groups: dict, total: float) -> None:
     assert list(groups) == list(GROUPS)
     assert total > 0
     assert sum(groups.values()) == pytest.approx(total, rel=1e-6)  # self times partition the total
+    assert coverage(groups, total) == pytest.approx(100 * (1 - groups["other"] / total))
     for group in ("matmul", "optimizer", "embedding/generator", "dropout"):
         assert groups[group] > 0, group
 
 
+@pytest.mark.parametrize("variant, dtype", [("explicit", torch.float32), ("torch", torch.float32),
+                                            ("fused", torch.bfloat16)])
+def test_the_groups_sum_to_the_profiled_total(variant, dtype):
+    model = build(variant, CONFIG, seed=0).to(dtype)
+    check_partition(*profile_train_step(model, random_batch(CONFIG, 2, 6, 5), repeats=1))
+
+
+@pytest.mark.slow  # compiling takes tens of seconds on a busy 2-core box
+def test_a_compiled_step_is_grouped_by_its_kernels_names():
+    groups, total = profile_train_step(build("explicit", CONFIG, seed=0), random_batch(CONFIG, 2, 6, 5),
+                                       compile=True, repeats=1)
+    check_partition(groups, total)
+    assert groups["elementwise"] > 0 and groups["attention"] > 0  # inductor's kernels, not "other"
+
+
 def test_operators_are_grouped_by_name():
     assert group_of("aten::addmm") == "matmul"
+    assert group_of("aten::einsum") == "matmul"
     assert group_of("aten::_softmax_backward_data") == "attention"
     assert group_of("aten::native_layer_norm_backward") == "layernorm"
     assert group_of("aten::native_dropout") == "dropout"
     assert group_of("aten::embedding_dense_backward") == "embedding/generator"
     assert group_of("aten::threshold_backward") == "elementwise"
+    assert group_of("aten::clamp_min") == "elementwise"
+    assert group_of("Optimizer.step#Adam.step") == "optimizer"
     assert group_of("aten::view") == "other"
+
+
+def test_inductor_kernels_are_grouped_by_the_ops_they_fuse():
+    assert group_of("graph_0_cpp_fused__softmax_masked_fill_3") == "attention"
+    assert group_of("cpp_fused__log_softmax_nll_loss_forward_7") == "embedding/generator"
+    assert group_of("cpp_fused__softmax_native_dropout_2") == "dropout"  # dropout first
+    assert group_of("cpp_fused_add_native_layer_norm_5") == "layernorm"
+    assert group_of("cpp_fused_add_div_mean_mul_sub_9") == "elementwise"
+    assert group_of("## Call CompiledFxGraph fabc ##") == "other"
+
+
+def test_the_script_prints_a_table_with_the_coverage(capsys):
+    from benchmarks.time_breakdown import main
+
+    assert main(["--variants", "fused", "--repeats", "1", "--threads", "1"]) == 0
+    table = capsys.readouterr().out
+    assert "covered %" in table and "| fused " in table
+
+
+def test_the_picture_decodes_and_is_not_blank(tmp_path):
+    import matplotlib.image
+
+    from benchmarks.time_breakdown import picture
+
+    shares = {v: (1e3, {g: 100 / len(GROUPS) for g in GROUPS}) for v in ("explicit", "torch")}
+    path = tmp_path / "breakdown.png"
+    picture({("float32", "eager"): shares, ("bfloat16", "compiled"): shares}, str(path), "title")
+    pixels = matplotlib.image.imread(path)  # decodes, or raises
+    assert pixels.std() > 0.05  # not blank
 
 
 @pytest.mark.parametrize("out", ["breakdown.jpg", "no/such/dir/breakdown.png"])
