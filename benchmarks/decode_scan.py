@@ -1,0 +1,101 @@
+"""The decode scan's command (a program, like compare.py, not library code: it prints).
+
+How the key/value cache's speed-up grows with the length generated, from one run:
+
+    python -m benchmarks.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
+
+greedy-decodes the batch's sources once with the cache and once by full recompute
+(``seq2seq.decoding.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
+so that a busy machine slows both alike, and times every step. Both decode the same ids (the
+cached run's choices). A generation of L ids (BOS included) costs the sum of its first L - 1
+steps (encoding the source, the same for both, is left out), so one run gives the speed-up at
+every L up to ``--max-len``: printed at the powers of two plus one, with the median step since
+the previous row's L (its cost at those positions), and the first L whose speed-up reaches
+``--target``. Base preset (the paper's model), float32, eager, CPU, random seeded weights.
+Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from itertools import accumulate
+from statistics import median
+
+import torch
+from tabulate import tabulate
+
+from benchmarks.workload import BOS_ID, PRESETS
+from common.batches import random_batch
+from common.config import TransformerConfig
+from seq2seq.decoding import NextToken
+from variants import VARIANTS, build
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    parser.add_argument("--variant", choices=[v for v in VARIANTS if v != "torch"], default="explicit")
+    parser.add_argument("--preset", choices=list(PRESETS), default="base")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--src-len", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=129, help="ids per row, BOS included")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--target", type=float, default=5.0, help="report the first L at this speed-up")
+    args = parser.parse_args(argv)
+    config = TransformerConfig(**PRESETS[args.preset].fields)
+    if not 2 <= args.max_len <= config.max_seq_len:
+        parser.error(f"--max-len must lie in [2, max_seq_len={config.max_seq_len}]")
+    torch.set_num_threads(args.threads)
+    model = build(args.variant, config, seed=0).eval()
+    src, _, src_mask, _ = random_batch(config, args.batch, args.src_len, 1).inputs()
+    cached_s, uncached_s = scan(model, src, src_mask, args.max_len)
+    rows, since, length = [], 0, 2
+    for ids in range(2, args.max_len + 1):  # a generation of `ids` ids costs steps [0, ids - 1)
+        if ids != length and ids != args.max_len:
+            continue
+        c, u = median(cached_s[since : ids - 1]), median(uncached_s[since : ids - 1])
+        total_cached, total_uncached = sum(cached_s[: ids - 1]), sum(uncached_s[: ids - 1])
+        rows.append([ids, f"{1e3 * c:.0f}", f"{1e3 * u:.0f}", f"{u / c:.1f}x",
+                     f"{args.batch * (ids - 1) / total_cached:.0f}",
+                     f"{args.batch * (ids - 1) / total_uncached:.0f}",
+                     f"{total_uncached / total_cached:.1f}x"])
+        since, length = ids - 1, 2 * length - 1
+    print(f"{args.variant}, preset {args.preset}, float32, cpu ({platform.machine()}, "
+          f"{args.threads} threads, torch {torch.__version__}), batch {args.batch} x src {args.src_len}")
+    print(tabulate(rows, ["L (ids incl. BOS)", "cached step ms", "uncached step ms", "step ratio",
+                          "cached tok/s", "uncached tok/s", "speed-up"],
+                   tablefmt="github", disable_numparse=True))
+    totals = zip(accumulate(cached_s), accumulate(uncached_s), strict=True)
+    reached = next((steps + 1 for steps, (c, u) in enumerate(totals, start=1) if u >= args.target * c), None)
+    print(f"speed-up first >= {args.target:g}x at L = {reached} ids" if reached else
+          f"speed-up below {args.target:g}x up to L = {args.max_len} ids")
+    return 0
+
+
+@torch.no_grad()
+def scan(model: torch.nn.Module, src: torch.Tensor, src_mask: torch.Tensor, max_len: int
+         ) -> tuple[list[float], list[float]]:
+    """Seconds of each greedy step, with the cache and by full recompute, interleaved."""
+    eos_id = model.config.tgt_vocab_size - 1  # as compare.py: random weights, so rows run to max_len
+    cached = NextToken(model, src, src_mask, use_cache=True)
+    uncached = NextToken(model, src, src_mask, use_cache=False)
+    tokens = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long)  # (B, 1)
+    cached_s, uncached_s = [], []
+    for _ in range(max_len - 1):
+        started = time.perf_counter()
+        logp = cached(tokens)  # (B, V)
+        cached_s.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        uncached(tokens)
+        uncached_s.append(time.perf_counter() - started)
+        next_token = logp.argmax(dim=-1)  # (B,)
+        if (next_token == eos_id).any():
+            raise RuntimeError("a row reached EOS: the steps would no longer match greedy_decode's")
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, L + 1)
+    return cached_s, uncached_s
+
+
+if __name__ == "__main__":
+    sys.exit(main())
