@@ -11,7 +11,8 @@ cached run's choices). A generation of L ids (BOS included) costs the sum of its
 steps (encoding the source, the same for both, is left out), so one run gives the speed-up at
 every L up to ``--max-len``: printed at the powers of two plus one, with the median step since
 the previous row's L (its cost at those positions), and the first L whose speed-up reaches
-``--target``. Base preset (the paper's model), float32, eager, CPU, random seeded weights.
+``--target``. ``--ops`` instead counts the operators one cached step runs kernels for, per
+variant. Base preset (the paper's model), float32, eager, CPU, random seeded weights.
 Speed is reported, never asserted.
 """
 
@@ -43,11 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=129, help="ids per row, BOS included")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--target", type=float, default=5.0, help="report the first L at this speed-up")
+    parser.add_argument("--ops", action="store_true", help="instead: count the kernel-running operators "
+                        "of one cached step in every from-scratch variant")
     args = parser.parse_args(argv)
     config = TransformerConfig(**PRESETS[args.preset].fields)
-    if not 2 <= args.max_len <= config.max_seq_len:
+    if not args.ops and not 2 <= args.max_len <= config.max_seq_len:
         parser.error(f"--max-len must lie in [2, max_seq_len={config.max_seq_len}]")
     torch.set_num_threads(args.threads)
+    if args.ops:
+        src, tgt, src_mask, _ = random_batch(config, args.batch, args.src_len, 2).inputs()
+        counts = [[v, step_ops(build(v, config, seed=0).eval(), src, tgt, src_mask)]
+                  for v in VARIANTS if v != "torch"]
+        print(f"operators of one cached step that run a kernel, preset {args.preset}, cpu, "
+              f"batch {args.batch} x src {args.src_len}")
+        print(tabulate(counts, ["variant", "operators"], tablefmt="github"))
+        return 0
     model = build(args.variant, config, seed=0).eval()
     src, _, src_mask, _ = random_batch(config, args.batch, args.src_len, 1).inputs()
     cached_s, uncached_s = scan(model, src, src_mask, args.max_len)
@@ -72,6 +83,31 @@ def main(argv: list[str] | None = None) -> int:
     print(f"speed-up first >= {args.target:g}x at L = {reached} ids" if reached else
           f"speed-up below {args.target:g}x up to L = {args.max_len} ids")
     return 0
+
+
+# operators that only make a view, allocate or read metadata: no kernel runs
+METADATA_OPS = frozenset(f"aten::{name}" for name in (
+    "view", "reshape", "_reshape_alias", "_unsafe_view", "transpose", "t", "permute", "expand",
+    "unsqueeze", "squeeze", "slice", "select", "as_strided", "alias", "detach", "split", "chunk",
+    "unbind", "unflatten", "flatten", "empty", "empty_like", "empty_strided", "contiguous",
+    "lift_fresh", "resolve_conj", "resolve_neg", "result_type", "to", "dim", "item",
+    "_local_scalar_dense", "is_nonzero"))
+
+
+@torch.no_grad()
+def step_ops(model: torch.nn.Module, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor) -> int:
+    """How many operators that run a kernel one cached step (``decode_step`` and ``project``, at
+    position 1) dispatches: the profiled aten operators that call no other, less the
+    metadata-only ones. A proxy for a CUDA step's kernel launches, which were not counted."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = model.start_cache(model.encode(src, src_mask), src_mask)
+    model.project(model.decode_step(tgt[:, :1], cache))
+    with profile(activities=[ProfilerActivity.CPU]) as profiled:
+        model.project(model.decode_step(tgt[:, 1:2], cache))
+    events = [e for e in profiled.events() if e.name.startswith("aten::")]
+    leaves = [e for e in events if not any(c.name.startswith("aten::") for c in e.cpu_children)]
+    return sum(e.name not in METADATA_OPS for e in leaves)
 
 
 @torch.no_grad()

@@ -29,3 +29,10 @@ def test_a_length_past_max_seq_len_is_refused_before_any_model_is_built(capsys):
         main([*TINY, "--max-len", "129"])  # the tiny preset's max_seq_len is 128
     assert stop.value.code == 2
     assert "--max-len must lie in [2, max_seq_len=128]" in capsys.readouterr().err
+
+
+def test_ops_counts_the_kernel_running_operators_of_a_cached_step_per_variant(capsys):
+    assert main([*TINY, "--ops"]) == 0
+    counts = dict(re.findall(r"^\| (\w+) +\| +(\d+) \|$", capsys.readouterr().out, flags=re.M))
+    assert set(counts) == {"explicit", "einsum", "mathfirst", "fused"}
+    assert all(int(n) > 0 for n in counts.values())
