@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -53,17 +54,24 @@ def forward_step(model: nn.Module, batch: Batch, autocast: Autocast = contextlib
 
 def forward_backward(model: nn.Module, batch: Batch, autocast: Autocast = contextlib.nullcontext
                      ) -> Callable[[], None]:
-    """Training without the optimiser: forward, token-level NLL, backward into fresh grads."""
-    pad_id = model.config.pad_id
+    """Training without the optimiser: forward, token-level NLL, backward into fresh grads. On
+    a ``compiled`` model the forward and its NLL run as one compiled graph, and so does their
+    backward."""
+    loss_of = model.loss_graph if isinstance(model, CompiledModel) else partial(token_nll, model)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
         with autocast():
-            logp = model(*batch.inputs())  # (B, T, V)
-            loss = F.nll_loss(logp.flatten(0, 1).float(), batch.labels.flatten(), ignore_index=pad_id)
+            loss = loss_of(batch.inputs(), batch.labels)
         loss.backward()
 
     return step
+
+
+def token_nll(model: nn.Module, inputs: tuple, labels: Tensor) -> Tensor:
+    """The mean NLL of ``labels`` under the model's log-probs, padding ignored, in float32."""
+    logp = model(*inputs)  # (B, T, V)
+    return F.nll_loss(logp.flatten(0, 1).float(), labels.flatten(), ignore_index=model.config.pad_id)
 
 
 def decode_step(model: nn.Module, batch: Batch, max_len: int,
@@ -103,11 +111,43 @@ def decode_steps(model: nn.Module, batch: Batch, max_len: int,
             "beam": beam_step(model, batch, max_len, autocast)}
 
 
-def compiled(model: nn.Module, freeze: bool) -> nn.Module:
-    """``torch.compile(model)``; ``freeze`` adds inductor freezing, which only inference graphs
+# inductor's options for every compiled step (docs/benchmarks.md, compiled training). Tried
+# and left out: "fallback_random" (dropout's masks from aten's bernoulli_ instead of inductor's
+# in-kernel Philox) made the compiled train step slower, not faster: the fallback cannot fuse
+# and copies its output and mask
+COMPILE_OPTIONS: dict[str, object] = {}
+
+
+class CompiledModel(nn.Module):
+    """A model and its compiled steps: calling it runs the compiled forward; ``loss_graph`` is
+    the forward with its NLL compiled as one graph (``forward_backward`` uses it), so the
+    generator's log_softmax, the NLL and their backward are compiled too."""
+
+    def __init__(self, model: nn.Module, options: dict) -> None:
+        super().__init__()
+        self.model = model  # the only registered module: parameters, train() and grads are its
+        self.config = model.config
+        training_options = {k: v for k, v in options.items() if k != "freezing"}
+        self.__dict__["forward_graph"] = torch.compile(model, options=options or None)
+        self.__dict__["loss_graph"] = torch.compile(partial(token_nll, model),
+                                                    options=training_options or None)
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        return self.forward_graph(*inputs)
+
+
+def compiled(model: nn.Module, freeze: bool, *, profile_kernels: bool = False) -> CompiledModel:
+    """``model`` compiled with ``COMPILE_OPTIONS``: its forward, and for ``forward_backward``
+    its forward with the NLL. ``freeze`` adds inductor freezing, which only inference graphs
     use: the weights are folded in as constants (on CPU prepacked for oneDNN's GEMMs), so the
-    compiled eval forward must not outlive a change to them. The benchmarks never change them."""
-    return torch.compile(model, options={"freezing": True} if freeze else None)
+    compiled eval forward must not outlive a change to them. The benchmarks never change them.
+    ``profile_kernels`` names each inductor kernel in torch.profiler (benchmarks.breakdown)."""
+    options = dict(COMPILE_OPTIONS)
+    if freeze:
+        options["freezing"] = True
+    if profile_kernels:
+        options["cpp.enable_kernel_profile"] = True
+    return CompiledModel(model, options)
 
 
 def is_training(mode: str) -> bool:
