@@ -17,8 +17,9 @@ which are named after the aten ops fused into them):
   optimizer          every op inside the optimizer's step
   other              everything else: views, allocation, autograd's and the compiled graphs'
                      own bookkeeping
-An inductor kernel fuses several ops; it goes to the first group above in ``KERNEL_ORDER``
-whose op it names (a fused softmax-and-dropout kernel counts as dropout). Self time is
+An inductor kernel fuses several ops; it goes to the first group in ``KERNEL_ORDER`` whose op
+it names (a fused softmax-and-dropout kernel counts as attention), to dropout if it is dropout
+alone, else to element-wise (dropout's multiply fused into a ReLU counts as element-wise). Self time is
 exclusive, so the groups sum to the profiled total (the top-level events' time).
 """
 
@@ -69,24 +70,36 @@ NAMES = {
                     "sign", "square", "sqrt_", "mul_backward"},
 }
 # inductor kernel names: the first group whose op a kernel's name contains; generator ops come
-# before attention's ("_log_softmax" contains "_softmax"), dropout before everything it fuses into
+# before attention's ("_log_softmax" contains "_softmax")
 KERNEL_ORDER = (
-    ("dropout", ("native_dropout", "bernoulli", "rand")),
     ("embedding/generator", ("embedding", "log_softmax", "nll_loss")),
     ("attention", ("softmax", "masked_fill", "scaled_dot_product")),
     ("layernorm", ("native_layer_norm", "layer_norm")),
 )
+# a kernel of only these is dropout; dropout's multiply fused into other work counts as that work
+DROPOUT_KERNEL_OPS = ("native_dropout_backward", "native_dropout", "bernoulli", "rand_like", "rand",
+                      "view", "expand", "clone")
+
+
+def is_dropout_kernel(fused: str) -> bool:
+    """Whether an inductor kernel's fused op names (``native_dropout_view_7``) are dropout's only."""
+    for op in DROPOUT_KERNEL_OPS:
+        fused = fused.replace(op, "")
+    return not fused.strip("_0123456789")
 
 
 def group_of(name: str) -> str:
     """The group of one profiled event by its name (``aten::mm`` -> "matmul",
     ``cpp_fused__softmax_masked_fill_3`` -> "attention")."""
-    if name.startswith("Optimizer."):  # the optimizer's own profiler hook (Optimizer.step#Adam.step)
+    if name.startswith("Optimizer.") or name == OPTIMIZER_REGION:  # its hook (Optimizer.step#Adam.step)
         return "optimizer"
+    if "LayerNorm" in name:  # a Python-level LayerNorm (mathfirst's LayerNormFunction and its backward)
+        return "layernorm"
     if INDUCTOR_KERNEL in name:
         fused = name[name.index(INDUCTOR_KERNEL) + len(INDUCTOR_KERNEL):]
-        return next((group for group, ops in KERNEL_ORDER if any(op in fused for op in ops)),
-                    "elementwise")  # every other fused kernel is element-wise or a reduction
+        named = next((group for group, ops in KERNEL_ORDER if any(op in fused for op in ops)), None)
+        # every other fused kernel is element-wise or a reduction
+        return named or ("dropout" if is_dropout_kernel(fused) else "elementwise")
     op = name.removeprefix("aten::")
     return next((group for group, names in NAMES.items() if op in names), "other")
 

@@ -48,13 +48,16 @@ def test_operators_are_grouped_by_name():
     assert group_of("aten::threshold_backward") == "elementwise"
     assert group_of("aten::clamp_min") == "elementwise"
     assert group_of("Optimizer.step#Adam.step") == "optimizer"
+    assert group_of("LayerNormFunctionBackward") == "layernorm"  # mathfirst's own autograd.Function
     assert group_of("aten::view") == "other"
 
 
 def test_inductor_kernels_are_grouped_by_the_ops_they_fuse():
     assert group_of("graph_0_cpp_fused__softmax_masked_fill_3") == "attention"
     assert group_of("cpp_fused__log_softmax_nll_loss_forward_7") == "embedding/generator"
-    assert group_of("cpp_fused__softmax_native_dropout_2") == "dropout"  # dropout first
+    assert group_of("cpp_fused__softmax_native_dropout_2") == "attention"  # fused: the other op
+    assert group_of("graph_0_cpp_fused_native_dropout_view_7") == "dropout"  # dropout alone
+    assert group_of("cpp_fused_native_dropout_relu_view_13") == "elementwise"
     assert group_of("cpp_fused_add_native_layer_norm_5") == "layernorm"
     assert group_of("cpp_fused_add_div_mean_mul_sub_9") == "elementwise"
     assert group_of("## Call CompiledFxGraph fabc ##") == "other"
