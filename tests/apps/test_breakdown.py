@@ -14,12 +14,13 @@ CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, src_vocab
                            tgt_vocab_size=40, max_seq_len=16)
 
 
-def check_partition(groups: dict, total: float) -> None:
+def check_partition(groups: dict, total: float,
+                    present=("matmul", "optimizer", "embedding/generator", "dropout")) -> None:
     assert list(groups) == list(GROUPS)
     assert total > 0
     assert sum(groups.values()) == pytest.approx(total, rel=1e-6)  # self times partition the total
     assert coverage(groups, total) == pytest.approx(100 * (1 - groups["other"] / total))
-    for group in ("matmul", "optimizer", "embedding/generator", "dropout"):
+    for group in present:
         assert groups[group] > 0, group
 
 
@@ -34,7 +35,9 @@ def test_the_groups_sum_to_the_profiled_total(variant, dtype):
 def test_a_compiled_step_is_grouped_by_its_kernels_names():
     groups, total = profile_train_step(build("explicit", CONFIG, seed=0), random_batch(CONFIG, 2, 6, 5),
                                        compile=True, repeats=1)
-    check_partition(groups, total)
+    # inductor draws dropout's masks inside kernels that do other work too: those count as that
+    # work, so a compiled step has no dropout group of its own
+    check_partition(groups, total, present=("matmul", "optimizer", "embedding/generator"))
     assert groups["elementwise"] > 0 and groups["attention"] > 0  # inductor's kernels, not "other"
 
 
