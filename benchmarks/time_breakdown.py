@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3,
                         help="profiled steps per row; the fastest is kept (default 3)")
-    parser.add_argument("--ms", action="store_true", help="the table in ms per group, not % of the step")
+    parser.add_argument("--ms", action="store_true", help="the table in ms per group, not %% of the step")
     parser.add_argument("--out", help="write the stacked-bar PNG here")
     args = parser.parse_args(argv)
     problem = args.out and (path_problem(args.out, "--out") or matplotlib_problem())

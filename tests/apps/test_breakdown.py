@@ -94,3 +94,13 @@ def test_the_script_refuses_a_bad_picture_path_before_profiling(tmp_path, out, c
         main(["--out", str(tmp_path / out)])
     assert stop.value.code == 2
     assert ".png" in capsys.readouterr().err  # the reason, not a traceback
+
+
+def test_the_command_prints_its_help(capsys):
+    """argparse %-formats every help string: a bare '%' in one breaks --help."""
+    from benchmarks.time_breakdown import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    assert "--ms" in capsys.readouterr().out
