@@ -1,16 +1,14 @@
 """Shared test helpers: a small config, random canonical weights, model pairs.
 
 Batches come from ``common.batches.random_batch``, which tests, scripts and benchmarks share
-(``batch_with_pad_id`` below adapts it to a config whose ``pad_id`` is not 0).
+(it keeps padding where its layout puts it for any ``pad_id``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from common.batches import Batch, random_batch
 from common.config import TransformerConfig
-from common.masks import decoder_mask, padding_mask
 from common.weights import canonical_shapes, import_weights, transfer
 from variants import VARIANTS, build
 
@@ -53,23 +51,3 @@ def reference_and(name: str, config: TransformerConfig, seed: int = 0):
     model = build(name, config)
     transfer(reference, model)
     return reference.eval(), model.eval()
-
-
-def batch_with_pad_id(config: TransformerConfig, batch: int = 3, src_len: int = 7, tgt_len: int = 5,
-                      *, seed: int = 0) -> Batch:
-    """``random_batch`` for any ``config.pad_id``: the same layout (row r ends in r padding
-    tokens, every row keeps a real source token and a real first target token).
-
-    ``random_batch`` draws real ids from [1, vocab), which holds a non-zero pad_id, so there a
-    "real" token can be padding and a row can lose its every key. Here the batch is drawn with
-    pad 0, then ids 0 and pad_id swap places: a permutation of the ids, padding exactly where
-    ``random_batch`` put it.
-    """
-    pad = config.pad_id
-    drawn = random_batch(config.replace(pad_id=0), batch, src_len, tgt_len, seed=seed)
-
-    def swap(ids: torch.Tensor) -> torch.Tensor:
-        return torch.where(ids == 0, pad, torch.where(ids == pad, 0, ids))
-
-    src, tgt, labels = swap(drawn.src), swap(drawn.tgt), swap(drawn.labels)
-    return Batch(src, tgt, labels, padding_mask(src, pad), decoder_mask(tgt, pad))

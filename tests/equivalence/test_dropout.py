@@ -39,9 +39,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from common.batches import random_batch
 from common.config import TransformerConfig
 from common.weights import export_gradients, export_weights, import_weights
-from tests.helpers import FLOAT64_TOL, batch_with_pad_id, random_canonical, small_config
+from tests.helpers import FLOAT64_TOL, random_canonical, small_config
 from variants import VARIANTS, build
 
 aten = torch.ops.aten
@@ -156,7 +157,7 @@ def loss_of(log_probs: Tensor, labels: Tensor, pad_id: int) -> Tensor:
 def expected_run(config: TransformerConfig, move: str | None = None):
     """The functional forward in float64 on small_config's random canonical weights: its sites,
     log-probs and the gradients of a loss, under canonical names."""
-    batch = batch_with_pad_id(config)
+    batch = random_batch(config)
     state = {name: t.double().requires_grad_() for name, t in random_canonical(config).items()}
     with FixedDropoutMasks() as masks:
         log_probs = functional_forward(state, config, batch.src, batch.tgt, batch.src_mask,
@@ -189,7 +190,7 @@ def test_dropout_sites_match_the_written_out_architecture(variant, config):
     import_weights(model, random_canonical(config))
     model.double().train()
     assert all(module.training for module in model.modules())  # no eval-only fast path
-    batch = batch_with_pad_id(config)
+    batch = random_batch(config)
     rng = torch.get_rng_state()
     with FixedDropoutMasks() as masks:
         actual = model(*batch.inputs())
@@ -209,7 +210,7 @@ def test_dropout_changes_the_train_mode_output(config):
     model = build(VARIANTS[0], config)
     import_weights(model, random_canonical(config))
     with torch.no_grad():
-        eval_log_probs = model.double().eval()(*batch_with_pad_id(config).inputs())
+        eval_log_probs = model.double().eval()(*random_batch(config).inputs())
     assert (eval_log_probs - log_probs).abs().max() > 0.1
 
 
@@ -231,7 +232,7 @@ def test_the_functional_forward_is_the_reference_in_eval_mode():
     config = DROPOUT_CONFIGS[0]
     model = build("torch", config)
     import_weights(model, random_canonical(config))
-    batch = batch_with_pad_id(config)
+    batch = random_batch(config)
     state = {name: t.double() for name, t in export_weights(model).items()}
     with torch.no_grad():
         expected = model.double().eval()(*batch.inputs())

@@ -12,7 +12,7 @@ from common.batches import random_batch
 from common.config import TransformerConfig
 from common.weights import export_gradients
 from tests.equivalence.test_dropout import DROPOUT_CONFIGS
-from tests.helpers import FLOAT64_TOL, REFERENCE, SUBJECTS, batch_with_pad_id, reference_and, small_config
+from tests.helpers import FLOAT64_TOL, REFERENCE, SUBJECTS, reference_and, small_config
 from variants import VARIANTS, build
 
 # The config fields the defaults leave alone: a LayerNorm eps far from 1e-6 (a variant that
@@ -38,7 +38,7 @@ SHAPES = [pytest.param((3, 7, 5), id="S>T"), pytest.param((2, 4, 9), id="S<T")]
 def test_log_probs_match_reference(subject_variant, layout, shape):
     config = small_config(**layout)
     reference, model = reference_and(subject_variant, config)
-    src, tgt, src_mask, tgt_mask = batch_with_pad_id(config, *shape).inputs()
+    src, tgt, src_mask, tgt_mask = random_batch(config, *shape).inputs()
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt, src_mask, tgt_mask),
                                    reference(src, tgt, src_mask, tgt_mask))
@@ -83,7 +83,7 @@ def nll(log_probs: torch.Tensor, tgt: torch.Tensor, pad_id: int) -> torch.Tensor
 def test_gradients_match_reference(subject_variant, norm_first, fields):
     config = small_config(norm_first=norm_first, dropout=0.0, **fields)
     reference, model = reference_and(subject_variant, config)
-    src, tgt, src_mask, tgt_mask = batch_with_pad_id(config).inputs()
+    src, tgt, src_mask, tgt_mask = random_batch(config).inputs()
     grads = []
     for m in (reference, model):
         m.double().train()
