@@ -1,12 +1,10 @@
 """``python compare.py``: every variant side by side on the same work, in one run.
 
-For each block (device x dtype x shape) it prints one compact table (at most 120 characters
-wide) with a row per variant in ``variants.VARIANTS``: parameters; forward, train-step and
-greedy-decoding speed, each relative to the ``torch`` row; the train step's share of the matmul
-peak measured in the same run; its peak memory; the largest log-probability difference from
-``torch`` after weight transfer. ``--wide`` shows every column (IQRs, GFLOP/s, tokens/s, ...)
-and also times greedy decoding by full recompute and beam 4; json and csv hold everything.
-``--plot FILE.png`` draws the times relative to torch.
+For each block (device x dtype x shape), one table of at most 120 characters with a row per
+variant: parameters; forward, train-step and greedy-decoding speed, each against the ``torch``
+row; the train step's share of the matmul peak and its peak memory; the largest log-probability
+difference from ``torch``. ``--wide`` shows every column and also times greedy decoding by full
+recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws the times.
 
     python compare.py                                   # small preset, CPU, float32 (< 60 s)
     python compare.py --preset base --batch 8 2 --src-len 128 512
@@ -30,7 +28,7 @@ from benchmarks.plot import matplotlib_problem, path_problem, plot
 from benchmarks.render import FORMATS, render
 from benchmarks.run import run
 from benchmarks.settings import Settings
-from benchmarks.workload import DTYPES, PRESETS, Shape
+from benchmarks.workload import DTYPES, PRESETS, paired_shapes
 from common.cli import Parser, config_or_exit, positive
 from variants import VARIANTS, ordered, variant_argument
 
@@ -95,8 +93,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     preset = PRESETS[args.preset]
     dropout = {} if args.dropout is None else {"dropout": args.dropout}
     config = config_or_exit(parser, **{**preset.fields, **dropout})
-    shapes = paired_shapes(parser, args.batch or [preset.batch], args.src_len or [preset.length],
-                           args.tgt_len or args.src_len or [preset.length])
+    try:
+        shapes = paired_shapes(args.batch or [preset.batch], args.src_len or [preset.length],
+                               args.tgt_len or args.src_len or [preset.length])
+    except ValueError as error:
+        parser.error(str(error))
     too_long = sorted({n for shape in shapes for n in shape[1:] if n > config.max_seq_len})
     if too_long:
         parser.error(f"length {too_long[-1]} exceeds the {args.preset} preset's max_seq_len "
@@ -111,10 +112,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         parser.error("--freeze is an option of --compile; give both")
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         parser.error(f"--output {args.output}: its directory does not exist")
-    if args.plot:  # before any timing: a run must not end in a picture it cannot write
-        problem = path_problem(args.plot) or matplotlib_problem()
-        if problem:
-            parser.error(problem)
+    # before any timing: a run must not end in a picture it cannot write
+    if problem := args.plot and (path_problem(args.plot) or matplotlib_problem()):
+        parser.error(problem)
     devices = ("cpu", "cuda") if args.device == "all" else (args.device,)
     return Settings(
         config=config, shapes=shapes, preset=args.preset,
@@ -129,18 +129,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     ), args
 
 
-def paired_shapes(parser: Parser, batches: list[int], src_lens: list[int], tgt_lens: list[int]
-                  ) -> tuple[Shape, ...]:
-    """The i-th batch with the i-th lengths; a single value pairs with every shape."""
-    counts = {len(values) for values in (batches, src_lens, tgt_lens)} - {1}
-    if len(counts) > 1:
-        parser.error("--batch, --src-len and --tgt-len pair up: give each one value or the same "
-                     "number of values")
-    n_shapes = max(counts, default=1)
-    columns = (values * n_shapes if len(values) == 1 else values for values in (batches, src_lens, tgt_lens))
-    return tuple(Shape(*shape) for shape in zip(*columns, strict=True))
-
-
 def main(argv: list[str] | None = None) -> int:
     settings, args = parse_args(argv)
     report = run(settings)
@@ -148,14 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.output:
         with open(args.output, "w") as out:
             out.write(text)
-        if not args.quiet:
-            tqdm.write(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
     if args.plot:
         plot(report, args.plot)
-        if not args.quiet:
-            tqdm.write(f"wrote {args.plot}", file=sys.stderr)
+    for written in (args.output, args.plot):
+        if written and not args.quiet:
+            tqdm.write(f"wrote {written}", file=sys.stderr)
     return 0
 
 

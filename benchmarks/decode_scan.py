@@ -30,6 +30,7 @@ from tabulate import tabulate
 
 from benchmarks.workload import BOS_ID, PRESETS
 from common.batches import random_batch
+from common.cli import positive
 from common.config import TransformerConfig
 from seq2seq.decoding import NextToken
 from variants import VARIANTS, build
@@ -39,11 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     parser.add_argument("--variant", choices=[v for v in VARIANTS if v != "torch"], default="explicit")
     parser.add_argument("--preset", choices=list(PRESETS), default="base")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--src-len", type=int, default=64)
-    parser.add_argument("--max-len", type=int, default=129, help="ids per row, BOS included")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--target", type=float, default=5.0, help="report the first L at this speed-up")
+    parser.add_argument("--batch", type=positive(int), default=8)
+    parser.add_argument("--src-len", type=positive(int), default=64)
+    parser.add_argument("--max-len", type=positive(int), default=129, help="ids per row, BOS included")
+    parser.add_argument("--threads", type=positive(int), default=2)
+    parser.add_argument("--target", type=positive(float), default=5.0,
+                        help="report the first L at this speed-up")
     parser.add_argument("--ops", action="store_true", help="instead: count the kernel-running operators "
                         "of one cached step in every from-scratch variant")
     args = parser.parse_args(argv)

@@ -36,8 +36,7 @@ def meta(settings: Settings, allocator: str) -> dict:
     return {**machine(), "threads": s.threads, "torch": torch.__version__, "preset": s.preset,
             "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,
             "freeze": s.freeze, "decode_len": s.decode_len, "all_decoders": s.all_decoders,
-            "rounds": s.rounds,
-            "min_run_time": s.min_run_time, "allocator": allocator,
+            "rounds": s.rounds, "min_run_time": s.min_run_time, "allocator": allocator,
             "flops": "forward_flops (benchmarks/workload.py); train step = 3x forward",
             "command": s.command}
 

@@ -24,6 +24,7 @@ from benchmarks.breakdown import GROUPS, coverage, profile_train_step
 from benchmarks.plot import matplotlib_problem, path_problem
 from benchmarks.workload import DTYPES, PRESETS
 from common.batches import random_batch
+from common.cli import positive
 from common.config import TransformerConfig
 from variants import VARIANTS, build
 
@@ -33,14 +34,15 @@ STEPS = ("eager", "compiled")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     parser.add_argument("--preset", choices=list(PRESETS), default="tiny")
-    parser.add_argument("--batch", type=int, help="batch size (default: the preset's)")
-    parser.add_argument("--length", type=int, help="source and target length (default: the preset's)")
+    parser.add_argument("--batch", type=positive(int), help="batch size (default: the preset's)")
+    parser.add_argument("--length", type=positive(int),
+                        help="source and target length (default: the preset's)")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32"])
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=["eager"],
                         help="eager, and/or compiled as compare.py --compile compiles the step")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--threads", type=positive(int), default=2)
+    parser.add_argument("--repeats", type=positive(int), default=3,
                         help="profiled steps per row; the fastest is kept (default 3)")
     parser.add_argument("--ms", action="store_true", help="the table in ms per group, not %% of the step")
     parser.add_argument("--out", help="write the stacked-bar PNG here")

@@ -42,6 +42,17 @@ class Shape(NamedTuple):
     tgt_len: int
 
 
+def paired_shapes(batches: list[int], src_lens: list[int], tgt_lens: list[int]) -> tuple[Shape, ...]:
+    """The i-th batch with the i-th lengths; a single value pairs with every shape."""
+    counts = {len(values) for values in (batches, src_lens, tgt_lens)} - {1}
+    if len(counts) > 1:
+        raise ValueError("--batch, --src-len and --tgt-len pair up: give each one value or the same "
+                         "number of values")
+    n_shapes = max(counts, default=1)
+    columns = (values * n_shapes if len(values) == 1 else values for values in (batches, src_lens, tgt_lens))
+    return tuple(Shape(*shape) for shape in zip(*columns, strict=True))
+
+
 def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
     """Matrix-multiply FLOPs of one forward pass (2 per multiply-add), the same for every row.
 
