@@ -11,7 +11,8 @@ which are named after the aten ops fused into them):
   attention          softmax and its backward, masked_fill, fused attention kernels (the score
                      matmuls themselves count as matmul)
   layernorm          native_layer_norm and its backward
-  dropout            native_dropout, bernoulli, rand and their backward
+  dropout            native_dropout, bernoulli, rand and their backward; in a compiled step,
+                     every op inside the suite's keep_mask (benchmarks.dropout_masks)
   elementwise        other element-wise and reduction work (add, mul, relu, copy, sum, ...)
   embedding/generator  embedding and its backward, log_softmax, NLL
   optimizer          every op inside the optimizer's step
@@ -38,6 +39,8 @@ GROUPS = ("matmul", "attention", "layernorm", "dropout", "elementwise", "embeddi
           "optimizer", "other")
 NAMED_GROUPS = GROUPS[:-1]  # the groups the coverage counts
 OPTIMIZER_REGION = "breakdown::optimizer"
+KEEP_MASK_OP = "transformer_suite::keep_mask"  # a compiled step's dropout masks, drawn by aten
+REGIONS = {OPTIMIZER_REGION: "optimizer", KEEP_MASK_OP: "dropout"}  # what runs inside is theirs
 INDUCTOR_KERNEL = "cpp_fused_"  # inductor's CPU kernels: cpp_fused_<aten ops>_<n>
 NAMES = {
     "matmul": {"mm", "addmm", "bmm", "baddbmm", "_addmm_activation", "addbmm", "dot", "mv",
@@ -137,13 +140,15 @@ def profile_train_step(model: nn.Module, batch: Batch, lr: float = 1e-4, *, comp
 
 
 def grouped(events) -> tuple[dict[str, float], float]:
-    """Self time per group (the optimizer by region, the rest by name) and the top-level total."""
+    """Self time per group (inside a ``REGIONS`` event by region, the rest by name) and the
+    top-level total."""
     times: dict[str, float] = defaultdict(float)
-    regions = [e.time_range for e in events if e.name == OPTIMIZER_REGION]
+    regions = [(e.time_range, REGIONS[e.name]) for e in events if e.name in REGIONS]
     total = 0.0
     for event in events:
         if event.cpu_parent is None:
             total += event.cpu_time_total
-        inside = any(r.start <= event.time_range.start <= r.end for r in regions)
-        times["optimizer" if inside else group_of(event.name)] += event.self_cpu_time_total
+        start = event.time_range.start
+        region = next((group for r, group in regions if r.start <= start <= r.end), None)
+        times[region or group_of(event.name)] += event.self_cpu_time_total
     return {group: times.get(group, 0.0) for group in GROUPS}, total

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from benchmarks.dropout_masks import inductor_with_aten_masks
 from benchmarks.workload import BOS_ID
 from common.batches import Batch
 from seq2seq.beam import BEAM_SIZE, beam_search
@@ -112,10 +113,9 @@ def decode_steps(model: nn.Module, batch: Batch, max_len: int,
 
 
 # inductor's options for every compiled step: none beat the defaults on the base train step
-# (docs/benchmarks.md, compiled training). Tried and left out: "fallback_random", and drawing
-# dropout's masks with aten.bernoulli in a decomposition of native_dropout; both stop inductor
-# fusing dropout's multiply into its neighbours, which costs more than inductor's own
-# per-element Philox masks (base, explicit: profiled compiled step 3.51 s vs 3.10 s)
+# (docs/benchmarks.md, compiled training); what does is where dropout's masks come from
+# (benchmarks.dropout_masks). Tried and left out: "fallback_random", which stops inductor
+# fusing dropout's multiply into its neighbours
 COMPILE_OPTIONS: dict[str, object] = {}
 
 
@@ -129,19 +129,21 @@ class CompiledModel(nn.Module):
         self.model = model  # the only registered module: parameters, train() and grads are its
         self.config = model.config
         training_options = {k: v for k, v in options.items() if k != "freezing"}
-        self.__dict__["forward_graph"] = torch.compile(model, options=options or None)
-        self.__dict__["loss_graph"] = torch.compile(partial(token_nll, model),
-                                                    options=training_options or None)
+        self.__dict__["forward_graph"] = torch.compile(
+            model, backend=inductor_with_aten_masks(options))
+        self.__dict__["loss_graph"] = torch.compile(
+            partial(token_nll, model), backend=inductor_with_aten_masks(training_options))
 
     def forward(self, *inputs: Tensor) -> Tensor:
         return self.forward_graph(*inputs)
 
 
 def compiled(model: nn.Module, freeze: bool, *, profile_kernels: bool = False) -> CompiledModel:
-    """``model`` compiled with ``COMPILE_OPTIONS``: its forward, and for ``forward_backward``
-    its forward with the NLL. ``freeze`` adds inductor freezing, which only inference graphs
-    use: the weights are folded in as constants (on CPU prepacked for oneDNN's GEMMs), so the
-    compiled eval forward must not outlive a change to them. The benchmarks never change them.
+    """``model`` compiled by inductor with ``COMPILE_OPTIONS`` and aten's dropout masks
+    (benchmarks.dropout_masks): its forward, and for ``forward_backward`` its forward with the
+    NLL. ``freeze`` adds inductor freezing, which only inference graphs use: the weights are
+    folded in as constants (on CPU prepacked for oneDNN's GEMMs), so the compiled eval forward
+    must not outlive a change to them. The benchmarks never change them.
     ``profile_kernels`` names each inductor kernel in torch.profiler (benchmarks.breakdown)."""
     options = dict(COMPILE_OPTIONS)
     if freeze:
