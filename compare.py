@@ -28,7 +28,7 @@ from benchmarks.plot import matplotlib_problem, path_problem, plot
 from benchmarks.render import FORMATS, render
 from benchmarks.run import run
 from benchmarks.settings import Settings
-from benchmarks.workload import DTYPES, PRESETS, paired_shapes
+from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
 from common.cli import Parser, config_or_exit, positive
 from variants import VARIANTS, ordered, variant_argument
 
@@ -51,6 +51,9 @@ def command_line() -> Parser:
     parser.add_argument("--autocast", action="store_true",
                         help="keep float32 weights and run under torch.autocast(dtype) instead")
     parser.add_argument("--dropout", type=float, help="dropout (default: the config's 0.1)")
+    parser.add_argument("--max-seq-len", type=positive(int), metavar="N",
+                        help="longest length the model takes (default: the preset's); the "
+                             "sinusoid table has no weights, so the model is otherwise the same")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each model; compile time and the speed-up over eager "
                              "(timed in the same rounds) get their own columns")
@@ -91,20 +94,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     parser = command_line()
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
-    dropout = {} if args.dropout is None else {"dropout": args.dropout}
-    config = config_or_exit(parser, **{**preset.fields, **dropout})
+    changed = {"dropout": args.dropout, "max_seq_len": args.max_seq_len}  # None: the preset's
+    fields = preset.fields | {name: value for name, value in changed.items() if value is not None}
+    config = config_or_exit(parser, **fields)
     try:
         shapes = paired_shapes(args.batch or [preset.batch], args.src_len or [preset.length],
                                args.tgt_len or args.src_len or [preset.length])
+        check_lengths(config, shapes, args.decode_len)
     except ValueError as error:
         parser.error(str(error))
-    too_long = sorted({n for shape in shapes for n in shape[1:] if n > config.max_seq_len})
-    if too_long:
-        parser.error(f"length {too_long[-1]} exceeds the {args.preset} preset's max_seq_len "
-                     f"{config.max_seq_len}")
-    if args.decode_len > config.max_seq_len:
-        parser.error(f"--decode-len {args.decode_len} exceeds the {args.preset} preset's "
-                     f"max_seq_len {config.max_seq_len}")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: CUDA is not available here "
                      f"(torch {torch.__version__}, cuda {torch.version.cuda})")

@@ -3,10 +3,10 @@
     model = torch.compile(model, backend=inductor_with_aten_masks({}))
 
 On CPU, inductor draws a dropout mask inside its own fused kernels with one Philox engine per
-element. On the base model's train step that costs about 14 ns per element on two threads,
-against 3.6 ns for ``torch.rand``; the masks' extra cost (~0.6 s a step) was more than all
-that fusion saved, so the compiled train step ran at 0.90-0.94x eager (docs/benchmarks.md,
-compiled training). This backend is inductor with one decomposition changed: on CPU,
+element. In the base model's train step those kernels cost about 12 ns per entry on two
+threads, against under 5 for ``torch.rand`` and a comparison, and the masks' extra cost was
+more than all that fusion saved: the compiled train step ran at 0.90-0.94x eager
+(docs/benchmarks.md, compiled training). This backend is inductor with one decomposition changed: on CPU,
 ``aten.native_dropout`` becomes ``keep_mask`` (an op inductor cannot see into, so aten's
 generator fills the mask) and the same multiply as torch's own decomposition, which inductor
 still fuses into the kernels around it. The mask is saved for the backward, never drawn again.

@@ -8,7 +8,8 @@ Where a train step's time goes, per variant: a table and a stacked-bar picture.
 profiles one warmed-up train step (forward, NLL, backward, Adam) per variant with
 torch.profiler and groups its operators' self time (benchmarks.breakdown), for each dtype
 (the model cast to it) and each step: eager, or compiled as compare.py --compile compiles it.
-CPU. Needs matplotlib for the picture: ``pip install -e ".[plot]"``.
+On CPU the groups hold operators' CPU time; with ``--device cuda``, the GPU time of the kernels
+each operator launched. Needs matplotlib for the picture: ``pip install -e ".[plot]"``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16"), default=["float32"])
     parser.add_argument("--steps", nargs="+", choices=STEPS, default=["eager"],
                         help="eager, and/or compiled as compare.py --compile compiles the step")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: operators' CPU time; cuda: their kernels' GPU time")
     parser.add_argument("--threads", type=positive(int), default=2)
     parser.add_argument("--repeats", type=positive(int), default=3,
                         help="profiled steps per row; the fastest is kept (default 3)")
@@ -50,22 +53,25 @@ def main(argv: list[str] | None = None) -> int:
     problem = args.out and (path_problem(args.out, "--out") or matplotlib_problem())
     if problem:
         parser.error(problem)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device cuda: CUDA is not available here (torch {torch.__version__})")
     torch.set_num_threads(args.threads)
     fields, batch, length = PRESETS[args.preset]
     batch, length = args.batch or batch, args.length or length
     config = TransformerConfig(**fields)
-    data = random_batch(config, batch, length, length)
+    data = random_batch(config, batch, length, length, device=args.device)
     panels = {}  # (dtype, step) -> {variant: (total µs, {group: % of total})}
     for dtype, step in itertools.product(args.dtypes, args.steps):
         shares = {}
         for variant in args.variants:
-            model = build(variant, config, seed=0).to(DTYPES[dtype])
+            model = build(variant, config, seed=0).to(args.device, DTYPES[dtype])
             groups, total = profile_train_step(model, data, compile=step == "compiled",
                                                repeats=args.repeats)
             shares[variant] = (total, {g: 100 * t / total for g, t in groups.items()})
             shares[variant][1]["covered"] = coverage(groups, total)
         panels[dtype, step] = shares
-        print(f"\ntrain step ({dtype}, {step}, cpu, {args.threads} threads), preset {args.preset}, "
+        where = f"cpu, {args.threads} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+        print(f"\ntrain step ({dtype}, {step}, {where}), preset {args.preset}, "
               f"batch {batch} x {length} x {length}: "
               + ("ms of profiled self time" if args.ms else "% of profiled self time"))
         scale = {v: total / 1e5 if args.ms else 1.0 for v, (total, _) in shares.items()}  # % -> ms
@@ -75,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                        disable_numparse=True))
     if args.out:
         picture(panels, args.out, f"train step self time, preset {args.preset}, "
-                                  f"batch {batch} x {length} x {length}, cpu")
+                                  f"batch {batch} x {length} x {length}, {args.device}")
     return 0
 
 

@@ -53,6 +53,15 @@ def paired_shapes(batches: list[int], src_lens: list[int], tgt_lens: list[int]) 
     return tuple(Shape(*shape) for shape in zip(*columns, strict=True))
 
 
+def check_lengths(config: TransformerConfig, shapes: tuple[Shape, ...], decode_len: int) -> None:
+    """ValueError naming the longest length, or the decode length, over ``config.max_seq_len``."""
+    longest = max(n for shape in shapes for n in shape[1:])
+    for name, length in (("length", longest), ("--decode-len", decode_len)):
+        if length > config.max_seq_len:
+            raise ValueError(f"{name} {length} exceeds max_seq_len {config.max_seq_len}; "
+                             "raise it with --max-seq-len")
+
+
 def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
     """Matrix-multiply FLOPs of one forward pass (2 per multiply-add), the same for every row.
 

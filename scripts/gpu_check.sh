@@ -4,9 +4,13 @@
 #   2. every CUDA test (pytest -m gpu);
 #   3. compare.py on the paper's base model at its default 8 x 128, float32 and bfloat16, every
 #      decode column (--wide), written as json (on an H200 this takes about 150 s; asking for
-#      2 x 512 as well ran past 250 s).
+#      2 x 512 as well ran past 250 s), then drawn as a PNG where matplotlib is installed;
+#   4. issue 17's GPU target: bfloat16 forward, train step and peak memory of every row at
+#      8 x 512 and 2 x 2048 (the same tokens per batch), with the SDPA kernel each row ran
+#      (--max-seq-len 2048: the sinusoid table has no weights, so the model is the same);
+#   5. where the base train step's GPU time goes, eager, float32 and bfloat16: a table and a PNG.
 # Results go under $OUT (default ./gpu-out); render a json with benchmarks.render.render.
-# Usage: bash scripts/gpu_check.sh [pytest seconds] [compare seconds]
+# Usage: bash scripts/gpu_check.sh [pytest s] [compare s] [long-sequence s] [breakdown s]
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -23,4 +27,16 @@ timeout "${2:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype flo
     --decode-len 64 --rounds 2 --min-run-time 0.2 --quiet \
     --format json --output "$OUT/compare_base.json" >"$OUT/compare_base.log" 2>&1
 echo "compare.py base: exit $?" | tee -a "$OUT/compare_base.log"
-tail -n 5 "$OUT/pytest_gpu.txt" "$OUT/compare_base.log"
+"$PYTHON" -c "import json, sys; from benchmarks.plot import plot; plot(json.load(open(sys.argv[1])), sys.argv[2])" \
+    "$OUT/compare_base.json" "$OUT/compare_base.png" >>"$OUT/compare_base.log" 2>&1
+
+timeout "${3:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype bfloat16 \
+    --batch 8 2 --src-len 512 2048 --max-seq-len 2048 --decode-len 1 --rounds 2 --min-run-time 0.2 \
+    --quiet --format json --output "$OUT/compare_long.json" >"$OUT/compare_long.log" 2>&1
+echo "compare.py long sequences: exit $?" | tee -a "$OUT/compare_long.log"
+PICTURE=()  # the PNG only where matplotlib is installed: without it the command would refuse to start
+"$PYTHON" -c "import matplotlib" 2>/dev/null && PICTURE=(--out "$OUT/breakdown-h200.png")
+timeout "${4:-120}" "$PYTHON" -m benchmarks.time_breakdown --device cuda --preset base \
+    --dtypes float32 bfloat16 --repeats 2 --ms "${PICTURE[@]}" >"$OUT/breakdown.txt" 2>&1
+echo "time_breakdown: exit $?" | tee -a "$OUT/breakdown.txt"
+tail -n 5 "$OUT/pytest_gpu.txt" "$OUT/compare_base.log" "$OUT/compare_long.log" "$OUT/breakdown.txt"

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.autograd import DeviceType
 
 from benchmarks.breakdown import GROUPS, KEEP_MASK_OP, coverage, group_of, grouped, profile_train_step
 from common.batches import random_batch
@@ -56,10 +57,12 @@ def test_operators_are_grouped_by_name():
     assert group_of("aten::view") == "other"
 
 
-def event(name: str, start: float, end: float, self_time: float, parent=None) -> SimpleNamespace:
-    """A profiler event as ``grouped`` reads one."""
+def event(name: str, start: float, end: float, self_time: float, parent=None, *,
+          gpu: float = 0.0, self_gpu: float = 0.0, device=DeviceType.CPU) -> SimpleNamespace:
+    """A profiler event as ``grouped`` reads one: an operator's CPU and GPU times, or a kernel's."""
     return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end),
-                           cpu_parent=parent, cpu_time_total=end - start, self_cpu_time_total=self_time)
+                           cpu_parent=parent, cpu_time_total=end - start, self_cpu_time_total=self_time,
+                           device_time_total=gpu, self_device_time_total=self_gpu, device_type=device)
 
 
 def test_ops_inside_a_keep_mask_count_as_dropout():
@@ -71,6 +74,18 @@ def test_ops_inside_a_keep_mask_count_as_dropout():
     assert groups["dropout"] == 10 and groups["elementwise"] == 7
 
 
+def test_on_cuda_operators_carry_their_kernels_gpu_time_counted_once():
+    linear = event("aten::linear", 0, 10, 2, gpu=30, self_gpu=0)  # its time is its child's kernel
+    events = [linear, event("aten::addmm", 1, 9, 8, linear, gpu=30, self_gpu=30),
+              event("ampere_sgemm_128x64_tn", 2, 5, 3, gpu=30, self_gpu=30, device=DeviceType.CUDA),
+              event("triton_poi_fused_native_dropout_relu_0", 11, 12, 1, gpu=5, self_gpu=5)]
+    groups, total = grouped(events, gpu_time=True)
+    assert total == 35
+    assert groups["matmul"] == 30 and groups["elementwise"] == 5  # the kernel's own event: not again
+    cpu_groups, cpu_total = grouped(events)
+    assert cpu_total == 11 and cpu_groups["matmul"] == 10
+
+
 def test_inductor_kernels_are_grouped_by_the_ops_they_fuse():
     assert group_of("graph_0_cpp_fused__softmax_masked_fill_3") == "attention"
     assert group_of("cpp_fused__log_softmax_nll_loss_forward_7") == "embedding/generator"
@@ -80,6 +95,20 @@ def test_inductor_kernels_are_grouped_by_the_ops_they_fuse():
     assert group_of("cpp_fused_add_native_layer_norm_5") == "layernorm"
     assert group_of("cpp_fused_add_div_mean_mul_sub_9") == "elementwise"
     assert group_of("## Call CompiledFxGraph fabc ##") == "other"
+    # on CUDA: triton kernels, named the same way
+    assert group_of("triton_per_fused__softmax_masked_fill_3") == "attention"
+    assert group_of("triton_red_fused__log_softmax_nll_loss_forward_7") == "embedding/generator"
+    assert group_of("triton_poi_fused_native_dropout_2") == "dropout"
+    assert group_of("triton_poi_fused_add_native_layer_norm_5") == "layernorm"
+    assert group_of("triton_poi_fused_add_mul_9") == "elementwise"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["explicit", "fused"])
+def test_on_cuda_the_groups_partition_the_kernels_time(variant):
+    model = build(variant, CONFIG, seed=0).cuda()
+    check_partition(*profile_train_step(model, random_batch(CONFIG, 2, 6, 5, device="cuda"),
+                                        repeats=1))
 
 
 def test_the_script_prints_a_table_with_the_coverage(capsys):

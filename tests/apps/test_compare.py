@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -115,7 +116,10 @@ def test_several_lengths_give_one_block_per_shape(tmp_path):
         (["--batch", "-3"], "--batch"),
         (["--src-len", "0"], "--src-len"),
         (["--tgt-len", "two"], "--tgt-len"),
-        (["--src-len", "129"], "max_seq_len 128"),
+        (["--src-len", "129"], "length 129 exceeds max_seq_len 128"),
+        (["--src-len", "129", "--max-seq-len", "100"], "length 129 exceeds max_seq_len 100"),
+        (["--decode-len", "200"], "--decode-len 200 exceeds max_seq_len 128"),
+        (["--max-seq-len", "0"], "--max-seq-len"),
         (["--batch", "1", "2", "--src-len", "4", "5", "6"], "pair up"),
         (["--dtype", "float8"], "float8"),
         (["--dropout", "1.5"], "TransformerConfig.dropout"),
@@ -146,6 +150,17 @@ def test_compile_reports_compile_time_and_speed_up_over_eager_of_a_correct_model
     assert row["compile_s"] > 0
     assert row["forward_compile_speedup"] > 0 and row["train_compile_speedup"] > 0
     assert row["max_abs_dlogp"] <= FLOAT32_ATOL
+
+
+def test_max_seq_len_lets_a_preset_run_longer_sequences():
+    settings, _ = parse_args(["--preset", "tiny", "--max-seq-len", "300", "--src-len", "260",
+                              "--tgt-len", "3", "--batch", "1", "--decode-len", "1"])
+    assert settings.config == TransformerConfig(**PRESETS["tiny"].fields).replace(max_seq_len=300)
+    report = run(replace(settings, variants=("explicit",), rounds=1, min_run_time=0.01,
+                         threads=1, keep_freed_memory=False, show_progress=False))
+    (row,) = report["blocks"][0]["rows"]
+    assert report["blocks"][0]["src_len"] == 260
+    assert row["forward_ms"] > 0 and row["max_abs_dlogp"] <= FLOAT32_ATOL
 
 
 def test_bad_option_from_the_shell_is_one_line_and_no_traceback():

@@ -1,13 +1,18 @@
-"""The scripts' own machinery: the deviations table's fill-value swap measures what it says, and
-the trace of a forward pass."""
+"""The scripts' own machinery: the deviations table's fill-value swap measures what it says, the
+trace of a forward pass, and the GPU script's compare.py commands."""
 
 from __future__ import annotations
+
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from scripts import deviations, trace
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class UnmaskedModel(nn.Module):
@@ -51,3 +56,33 @@ def test_trace_refuses_a_depth_below_one(capsys):
         trace.main(["--depth", "0"])
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_every_compare_command_in_the_gpu_script_is_accepted(monkeypatch):
+    """scripts/gpu_check.sh runs only on a lent GPU: a rejected option there costs the lease."""
+    from compare import parse_args
+
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    commands = [shlex.split(line)[line.split().index("compare.py") + 1:]
+                for line in script.splitlines() if "compare.py --" in line]
+    assert len(commands) == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for command in commands:
+        options = [word.replace("$OUT", "/tmp") for word in command
+                   if not word.startswith(">") and not word.endswith("2>&1")]
+        settings, _ = parse_args(options)
+        assert settings.devices == ("cuda",)
+    assert settings.config.max_seq_len == 2048 and max(s.src_len for s in settings.shapes) == 2048
+
+
+@pytest.mark.slow  # two compiles of a small model
+def test_compile_masks_profiles_the_suites_masks_and_inductors(capsys):
+    from scripts import compile_masks
+
+    assert compile_masks.main(["--preset", "tiny", "--steps", "1", "--top", "500", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    eager, inductor, suite = out.split("costliest ops")[1:]
+    assert "fastest" in out.split("costliest ops")[0]
+    # only the suite's backend draws with keep_mask; plain inductor draws in its own kernels
+    assert "transformer_suite::keep_mask" in suite and "keep_mask" not in inductor + eager
+    assert "aten::bernoulli_" in eager
