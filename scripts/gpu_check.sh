@@ -8,9 +8,10 @@
 #   4. issue 17's GPU target: bfloat16 forward, train step and peak memory of every row at
 #      8 x 512 and 2 x 2048 (the same tokens per batch), with the SDPA kernel each row ran
 #      (--max-seq-len 2048: the sinusoid table has no weights, so the model is the same);
-#   5. where the base train step's GPU time goes, eager, float32 and bfloat16: a table and a PNG.
+#   5. where the base train step's GPU time goes, eager, float32 and bfloat16: a table and a PNG;
+#   6. what the id-range check's host sync costs a small CUDA forward (pytest-benchmark).
 # Results go under $OUT (default ./gpu-out); render a json with benchmarks.render.render.
-# Usage: bash scripts/gpu_check.sh [pytest s] [compare s] [long-sequence s] [breakdown s]
+# Usage: bash scripts/gpu_check.sh [pytest s] [compare s] [long-sequence s] [breakdown s] [sync s]
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -39,4 +40,7 @@ PICTURE=()  # the PNG only where matplotlib is installed: without it the command
 timeout "${4:-120}" "$PYTHON" -m benchmarks.time_breakdown --device cuda --preset base \
     --dtypes float32 bfloat16 --repeats 2 --ms "${PICTURE[@]}" >"$OUT/breakdown.txt" 2>&1
 echo "time_breakdown: exit $?" | tee -a "$OUT/breakdown.txt"
+timeout "${5:-90}" "$PYTHON" -m pytest benchmarks/test_range_check.py -p no:cacheprovider \
+    --benchmark-columns=median,iqr >"$OUT/range_check.txt" 2>&1
+echo "range check: exit $?" | tee -a "$OUT/range_check.txt"
 tail -n 5 "$OUT/pytest_gpu.txt" "$OUT/compare_base.log" "$OUT/compare_long.log" "$OUT/breakdown.txt"
