@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks import compile_masks
 from benchmarks.dropout_masks import inductor_with_aten_masks, keep_mask
 from tests.helpers import FLOAT64_TOL
 
@@ -62,3 +63,14 @@ def test_keep_mask_draws_in_float32_whatever_the_dtype(dtype):
     mask = keep_mask(torch.zeros(300, 7, dtype=dtype), P_DROP)
     assert mask.dtype == torch.bool and mask.shape == (300, 7)
     assert torch.equal(mask, expected_mask((300, 7)))
+
+
+@pytest.mark.slow  # two compiles of a small model
+def test_compile_masks_profiles_the_suites_masks_and_inductors(capsys):
+    assert compile_masks.main(["--preset", "tiny", "--steps", "1", "--top", "500", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    eager, inductor, suite = out.split("costliest ops")[1:]
+    assert "fastest" in out.split("costliest ops")[0]
+    # only the suite's backend draws with keep_mask; plain inductor draws in its own kernels
+    assert "transformer_suite::keep_mask" in suite and "keep_mask" not in inductor + eager
+    assert "aten::bernoulli_" in eager

@@ -74,15 +74,3 @@ def test_every_compare_command_in_the_gpu_script_is_accepted(monkeypatch):
         assert settings.devices == ("cuda",)
     assert settings.config.max_seq_len == 2048 and max(s.src_len for s in settings.shapes) == 2048
 
-
-@pytest.mark.slow  # two compiles of a small model
-def test_compile_masks_profiles_the_suites_masks_and_inductors(capsys):
-    from scripts import compile_masks
-
-    assert compile_masks.main(["--preset", "tiny", "--steps", "1", "--top", "500", "--threads", "1"]) == 0
-    out = capsys.readouterr().out
-    eager, inductor, suite = out.split("costliest ops")[1:]
-    assert "fastest" in out.split("costliest ops")[0]
-    # only the suite's backend draws with keep_mask; plain inductor draws in its own kernels
-    assert "transformer_suite::keep_mask" in suite and "keep_mask" not in inductor + eager
-    assert "aten::bernoulli_" in eager
