@@ -3,14 +3,12 @@ torch with IQR whiskers), its path checks and the missing-extra message."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from benchmarks.plot import EXTRA_HINT, matplotlib_problem, path_problem, plot, relative_times
-from compare import parse_args
+from compare import main, parse_args
 
 matplotlib = pytest.importorskip("matplotlib")
 
@@ -76,17 +74,13 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
 
 # --- compare.py --plot ---------------------------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def test_compare_draws_the_plot_it_is_asked_for(tmp_path):
+def test_compare_draws_the_plot_it_is_asked_for(tmp_path, capsys):
     path = tmp_path / "run.png"
-    done = subprocess.run([sys.executable, "compare.py", "--preset", "tiny", "--rounds", "1",
-                           "--min-run-time", "0.02", "--threads", "1", "--decode-len", "3", "--quiet",
-                           "--variants", "fused", "torch", "--plot", str(path)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert "| fused" in done.stdout  # the table still goes to stdout
+    assert main(["--preset", "tiny", "--rounds", "1", "--min-run-time", "0.02", "--threads", "1",
+                 "--decode-len", "3", "--quiet", "--malloc", "default", "--variants", "fused", "torch",
+                 "--plot", str(path)]) == 0
+    assert "| fused" in capsys.readouterr().out  # the table still goes to stdout
     pixels = matplotlib.image.imread(path)
     assert pixels.shape[1] > 800 and pixels[..., :3].std() > 0.05
 
