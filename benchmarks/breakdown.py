@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.autograd import DeviceType
 
+from benchmarks.dropout_masks import KEEP_MASK_OP
 from benchmarks.memory import quiet_stderr
 from benchmarks.steps import compiled, forward_backward
 from common.batches import Batch
@@ -46,8 +47,8 @@ GROUPS = ("matmul", "attention", "layernorm", "dropout", "elementwise", "embeddi
           "optimizer", "other")
 NAMED_GROUPS = GROUPS[:-1]  # the groups the coverage counts
 OPTIMIZER_REGION = "breakdown::optimizer"
-KEEP_MASK_OP = "transformer_suite::keep_mask"  # a compiled step's dropout masks, drawn by aten
-REGIONS = {OPTIMIZER_REGION: "optimizer", KEEP_MASK_OP: "dropout"}  # what runs inside is theirs
+# what runs inside these is theirs; KEEP_MASK_OP draws a compiled step's dropout masks
+REGIONS = {OPTIMIZER_REGION: "optimizer", KEEP_MASK_OP: "dropout"}
 # inductor's kernels: cpp_fused_<aten ops>_<n> on CPU, triton_{poi,red,per,tem}_fused_<ops>_<n> on CUDA
 INDUCTOR_KERNEL = re.compile(r"(?:cpp|triton_[a-z]+)_fused_")
 NAMES = {

@@ -25,11 +25,12 @@ from torch._inductor.compile_fx import compile_fx
 from torch._inductor.decomposition import select_decomp_table
 
 aten = torch.ops.aten
+KEEP_MASK_OP = "transformer_suite::keep_mask"  # the name the profiler and the graphs show
 
 
 # nondeterministic_seeded: the partitioner must keep its output for the backward, never
 # recompute it (a second draw would be another mask)
-@torch.library.custom_op("transformer_suite::keep_mask", mutates_args=(),
+@torch.library.custom_op(KEEP_MASK_OP, mutates_args=(),
                          tags=(torch.Tag.nondeterministic_seeded,))
 def keep_mask(x: Tensor, p: float) -> Tensor:
     """True with probability 1 - p, shaped like ``x``: uniform draws from torch's generator,

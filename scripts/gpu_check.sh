@@ -43,4 +43,5 @@ echo "time_breakdown: exit $?" | tee -a "$OUT/breakdown.txt"
 timeout "${5:-90}" "$PYTHON" -m pytest benchmarks/test_range_check.py -p no:cacheprovider \
     --benchmark-columns=median,iqr >"$OUT/range_check.txt" 2>&1
 echo "range check: exit $?" | tee -a "$OUT/range_check.txt"
-tail -n 5 "$OUT/pytest_gpu.txt" "$OUT/compare_base.log" "$OUT/compare_long.log" "$OUT/breakdown.txt"
+tail -n 5 "$OUT/pytest_gpu.txt" "$OUT/compare_base.log" "$OUT/compare_long.log" "$OUT/breakdown.txt" \
+    "$OUT/range_check.txt"

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from benchmarks.breakdown import GROUPS, KEEP_MASK_OP, coverage, group_of, grouped, profile_train_step
+from benchmarks.breakdown import GROUPS, coverage, group_of, grouped, profile_train_step
+from benchmarks.dropout_masks import KEEP_MASK_OP
 from common.batches import random_batch
 from common.config import TransformerConfig
 from variants import build

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.breakdown import KEEP_MASK_OP
+from benchmarks.dropout_masks import KEEP_MASK_OP
 from benchmarks.steps import CompiledModel, compiled, forward_backward, forward_step
 from common.batches import random_batch
 from common.config import TransformerConfig
