@@ -1,5 +1,6 @@
-"""What every command line here shares: one-line usage errors, one positive-number type, and
-turning the config's own validation into a usage error.
+"""What every command line here shares: one-line usage errors, one positive-number type, a
+usable device, the first line of an error, and turning the config's own validation into a
+usage error.
 
     parser = Parser(prog="python -m seq2seq.train")
     parser.add_argument("--steps", type=positive(int), default=300)
@@ -15,6 +16,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from typing import NoReturn
+
+import torch
 
 from common.config import TransformerConfig
 
@@ -49,3 +52,20 @@ def config_or_exit(parser: argparse.ArgumentParser, base: TransformerConfig | No
         return base.replace(**fields) if base is not None else TransformerConfig(**fields)
     except (TypeError, ValueError) as error:
         parser.error(str(error))
+
+
+def device_or_exit(parser: argparse.ArgumentParser, name: str, option: str = "--device") -> torch.device:
+    """``torch.device(name)``, usable on this machine; anything else is a usage error naming ``option``."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as error:
+        parser.error(f"{option} {name}: {first_line(error)}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"{option} {name}: CUDA is not available on this machine (torch {torch.__version__})")
+    return device
+
+
+def first_line(error: BaseException) -> str:
+    """The first non-empty line of an error's message, or its type's name when it has none."""
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__

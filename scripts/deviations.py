@@ -212,8 +212,13 @@ def rows() -> list[tuple[str, str, str, str]]:
     table32 = baseline()
     for module in (table32.src_pos, table32.tgt_pos):
         module.pe = source_three_table(*module.pe.shape).double()
+    # float32 sin/cos/exp round differently on different CPUs (vectorised kernels per
+    # instruction set), so the cell states the bound the difference stays under, not its digits
+    delta = (log_probs(table32) - reference).abs().max().item()
+    eps32 = torch.finfo(torch.float32).eps
     add("3 mathfirst", "sinusoid table built in float32 (exp/log form)",
-        "built in float64, cast where added", max_delta(log_probs(table32), reference))
+        "built in float64, cast where added",
+        f"below float32's epsilon ({eps32:.3g}): rounding" if delta < eps32 else f"{delta:.3g}")
     return out
 
 

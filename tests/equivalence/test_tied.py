@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from common.batches import Batch, random_batch
 from common.weights import TIED, export_gradients, export_weights, import_weights
-from tests.core.test_tied_weights import TIED_CONFIG, USES
+from tests.common.test_tied_weights import TIED_CONFIG, USES
 from tests.helpers import FLOAT64_TOL, REFERENCE, random_canonical
 from variants import build
 

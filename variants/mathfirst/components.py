@@ -5,7 +5,7 @@ projections ``W_q, W_k, W_v`` of shape (H, D, Dh), the output projection ``W_o``
 the feed-forward ``W_1`` (D, F) and ``W_2`` (F, D), LayerNorm's gain and bias ``gamma, beta``
 and the embedding table ``E``. ``einops.einsum`` names the axes, so each contraction reads as
 the sum it stands for. Every component is verified on its own in
-``tests/style/test_mathfirst.py`` before ``model.py`` assembles them.
+``tests/variants/style/test_mathfirst.py`` before ``model.py`` assembles them.
 
 Shape legend:
     B  batch            S  source length (or key length)   T  target length (or query length)
@@ -121,7 +121,7 @@ class LayerNormFunction(torch.autograd.Function):
 
     The two means take away what μ and σ² absorb: the parts of g along the constant vector and
     along x̂. Over all positions, ∂L/∂γ = Σ ∂L/∂y ⊙ x̂ and ∂L/∂β = Σ ∂L/∂y.
-    ``tests/style/test_mathfirst.py`` checks the derivation against finite differences
+    ``tests/variants/style/test_mathfirst.py`` checks the derivation against finite differences
     (``gradcheck``).
     """
 

@@ -1,6 +1,6 @@
 """Decoding timings: one benchmark group per device and shape, a row per (variant, decoder).
 
-    pytest benchmarks/test_decode.py                     # CPU, and CUDA when present
+    pytest benchmarks/bench_decode.py                     # CPU, and CUDA when present
 
 The decoders are compare.py --wide's (``benchmarks.steps.DECODE_MODES``): greedy with the key/value
 cache (the torch reference has none: it recomputes), greedy by full recompute, and beam search
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmarks.steps import DECODE_MODES, decode_steps
-from benchmarks.test_speed import CONFIG, DEVICES, model_on, synchronised
+from benchmarks.bench_speed import CONFIG, DEVICES, model_on, synchronised
 from common.batches import random_batch
 from variants import VARIANTS, build
 

@@ -1,8 +1,9 @@
-"""Imports run one way: common <- variants <- seq2seq <- {benchmarks, scripts} <- compare.py <- tests.
+"""Imports run one way: common <- variants <- seq2seq <- benchmarks <- {scripts, compare.py} <- tests.
 
 Every module outside ``tests/`` is parsed (not imported) and each of its project imports,
 top-level or inside a function, must point at its own layer or one below. Above ``variants``
 a model is reached only through the registry (``variants.build``), never a variant's module.
+Inside a layer, module imports form no circle.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ("common", "variants", "seq2seq", "benchmarks", "scripts", "compare", "tests")
 VARIANT_PACKAGES = ("explicit", "einsum", "mathfirst", "fused")
 
@@ -22,8 +23,8 @@ ALLOWED = {
     "variants": {"common", "variants"},
     "seq2seq": {"common", "variants", "seq2seq"},
     "benchmarks": {"common", "variants", "seq2seq", "benchmarks"},
-    "scripts": {"common", "variants", "seq2seq", "scripts"},
-    "compare": {"common", "variants", "seq2seq", "benchmarks"},
+    "scripts": {"common", "variants", "seq2seq", "benchmarks", "scripts"},  # a leaf
+    "compare": {"common", "variants", "seq2seq", "benchmarks"},  # a leaf
 }
 
 
@@ -97,7 +98,10 @@ def test_imports_point_down(path):
     ("seq2seq", "from variants.mathfirst import components", "use variants.build"),
     ("seq2seq", "import benchmarks.timing", "seq2seq may not import benchmarks"),
     ("scripts", "from tests.helpers import small_config", "scripts may not import tests"),
+    ("scripts", "from compare import main", "scripts may not import compare"),
     ("benchmarks", "from compare import main", "benchmarks may not import compare"),
+    ("benchmarks", "from scripts.trace import main", "benchmarks may not import scripts"),
+    ("seq2seq", "from scripts.decode_scan import scan", "seq2seq may not import scripts"),
 ])
 def test_an_upward_import_is_caught(tmp_path, layer, source, complaint):
     """The check itself: a planted wrong-way import in a throwaway tree is reported."""
@@ -106,3 +110,52 @@ def test_an_upward_import_is_caught(tmp_path, layer, source, complaint):
     module.write_text(source + "\n", encoding="utf-8")
     problems = wrong_way(module, root=tmp_path)
     assert len(problems) == 1 and complaint in problems[0], problems
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_cycle(paths: list[Path], root: Path = ROOT) -> list[str]:
+    """One circle of module imports among ``paths`` (as module names, first repeated last), or []."""
+    modules = {module_name(path, root): path for path in paths}
+    edges = {}
+    for name, path in modules.items():
+        targets = {target for _, names in project_imports(path) for target in names}
+        # `from pkg import mod` names pkg.mod; keep only the names that are modules here
+        edges[name] = sorted(target for target in targets if target in modules and target != name)
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> list[str]:
+        if name in trail:
+            return trail[trail.index(name):] + [name]
+        if name in done:
+            return []
+        for target in edges[name]:
+            cycle = visit(target, [*trail, name])
+            if cycle:
+                return cycle
+        done.add(name)
+        return []
+
+    for name in sorted(modules):
+        cycle = visit(name, [])
+        if cycle:
+            return cycle
+    return []
+
+
+def test_no_module_imports_itself_in_a_circle():
+    assert import_cycle(project_modules()) == []
+
+
+def test_a_circle_is_caught(tmp_path):
+    """The check itself: a planted circle of three modules in a throwaway tree is found."""
+    package = tmp_path / "seq2seq"
+    package.mkdir()
+    (package / "__init__.py").write_text("", encoding="utf-8")
+    for module, target in [("a", "b"), ("b", "c"), ("c", "a")]:
+        (package / f"{module}.py").write_text(f"from seq2seq.{target} import thing\n", encoding="utf-8")
+    assert import_cycle(sorted(package.glob("*.py")), root=tmp_path) == [
+        "seq2seq.a", "seq2seq.b", "seq2seq.c", "seq2seq.a"]

@@ -179,7 +179,7 @@ def test_variant_argument_and_order_for_command_lines():
 
 
 def test_the_first_divergence_of_every_fixture_is_declared():
-    """bugs.FIRST_DIVERGENCE covers every fixture class there (tests/apps/test_check asserts them)."""
+    """bugs.FIRST_DIVERGENCE covers every fixture class there (tests/variants/test_checker.py asserts them)."""
     classes = {cls for cls in vars(bugs).values() if isinstance(cls, type)
                and issubclass(cls, tutorial.Transformer) and cls is not tutorial.Transformer}
     assert classes == set(bugs.FIRST_DIVERGENCE)

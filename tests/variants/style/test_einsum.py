@@ -8,7 +8,7 @@ import torch
 
 from common.batches import random_batch
 from tests.helpers import small_config
-from tests.style.calls import recording
+from tests.variants.style.calls import recording
 from variants import build
 from variants.einsum.self_attention import SelfAttention
 from variants.einsum.transformer_block import TransformerBlock

@@ -113,7 +113,7 @@ def test_on_cuda_the_groups_partition_the_kernels_time(variant):
 
 
 def test_the_script_prints_a_table_with_the_coverage(capsys):
-    from benchmarks.time_breakdown import main
+    from scripts.time_breakdown import main
 
     assert main(["--variants", "fused", "--repeats", "1", "--threads", "1"]) == 0
     table = capsys.readouterr().out
@@ -123,7 +123,7 @@ def test_the_script_prints_a_table_with_the_coverage(capsys):
 def test_the_picture_decodes_and_is_not_blank(tmp_path):
     import matplotlib.image
 
-    from benchmarks.time_breakdown import picture
+    from scripts.time_breakdown import picture
 
     shares = {v: (1e3, {g: 100 / len(GROUPS) for g in GROUPS}) for v in ("explicit", "torch")}
     path = tmp_path / "breakdown.png"
@@ -134,7 +134,7 @@ def test_the_picture_decodes_and_is_not_blank(tmp_path):
 
 @pytest.mark.parametrize("out", ["breakdown.jpg", "no/such/dir/breakdown.png"])
 def test_the_script_refuses_a_bad_picture_path_before_profiling(tmp_path, out, capsys):
-    from benchmarks.time_breakdown import main
+    from scripts.time_breakdown import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--out", str(tmp_path / out)])
@@ -144,7 +144,7 @@ def test_the_script_refuses_a_bad_picture_path_before_profiling(tmp_path, out, c
 
 def test_the_command_prints_its_help(capsys):
     """argparse %-formats every help string: a bare '%' in one breaks --help."""
-    from benchmarks.time_breakdown import main
+    from scripts.time_breakdown import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--help"])

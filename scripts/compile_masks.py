@@ -1,7 +1,7 @@
 """Where a compiled train step's dropout masks come from, and what it costs: eager, inductor's
 own in-kernel masks, and the suite's backend (masks from aten, benchmarks.dropout_masks).
 
-    python -m benchmarks.compile_masks --variant explicit --preset base --steps 5 --top 12
+    python -m scripts.compile_masks --variant explicit --preset base --steps 5 --top 12
 
 Times one train step (forward, NLL, backward; no optimizer) of each kind in turn, ``--steps``
 times each, with glibc keeping freed memory as compare.py does, and prints the fastest and the

@@ -2,8 +2,8 @@
 
 Where a train step's time goes, per variant: a table and a stacked-bar picture.
 
-    python -m benchmarks.time_breakdown --preset tiny --out breakdown.png
-    python -m benchmarks.time_breakdown --preset base --dtypes float32 bfloat16 --steps eager compiled
+    python -m scripts.time_breakdown --preset tiny --out breakdown.png
+    python -m scripts.time_breakdown --preset base --dtypes float32 bfloat16 --steps eager compiled
 
 profiles one warmed-up train step (forward, NLL, backward, Adam) per variant with
 torch.profiler and groups its operators' self time (benchmarks.breakdown), for each dtype

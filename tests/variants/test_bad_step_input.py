@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from common.batches import random_batch
-from tests.core.test_bad_input import ParameterReads
+from tests.variants.test_bad_input import ParameterReads
 from tests.helpers import small_config
 from variants import VARIANTS, build
 

@@ -1,4 +1,4 @@
-"""benchmarks.decode_scan: one interleaved run gives the cache's speed-up at every length."""
+"""scripts.decode_scan: one interleaved run gives the cache's speed-up at every length."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from benchmarks.decode_scan import main
+from scripts.decode_scan import main
 
 TINY = ["--preset", "tiny", "--batch", "2", "--src-len", "4", "--threads", "1"]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import benchmarks.failures
-from benchmarks.test_speed import synchronised
+from benchmarks.bench_speed import synchronised
 from benchmarks.timing import float32_matmul_precision
 from benchmarks.workload import PRESETS, Shape, small_shape_warning
 from common.batches import random_batch

@@ -12,7 +12,7 @@ from torch import nn
 
 from common.batches import random_batch
 from tests.helpers import small_config
-from tests.style.calls import recording
+from tests.variants.style.calls import recording
 from variants import build
 
 NORM_MODES = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])

@@ -89,7 +89,7 @@ def test_gradients_through_fully_masked_rows_match_the_fill():
 
 @pytest.mark.parametrize("shape", [(4, 6), (1, 4, 6), (2, 1, 4, 6)], ids=lambda s: f"rank-{len(s)}")
 def test_sdpa_mask_blocks_with_minus_inf_and_opens_only_fully_masked_rows(shape):
-    """Built once per stack from a mask of rank 2 to 4 (tests/core/test_bad_input.py runs
+    """Built once per stack from a mask of rank 2 to 4 (tests/variants/test_bad_input.py runs
     rank 1 through the model); 4-d, as SDPA's kernels want it."""
     mask = torch.ones(shape, dtype=torch.bool)
     mask[..., -1, :] = False  # the last query has no key

@@ -2,7 +2,7 @@
 
 How the key/value cache's speed-up grows with the length generated, from one run:
 
-    python -m benchmarks.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
+    python -m scripts.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
 
 greedy-decodes the batch's sources once with the cache and once by full recompute
 (``seq2seq.decoding.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
