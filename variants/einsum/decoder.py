@@ -48,6 +48,12 @@ class Decoder(nn.Module):
         x = self.word_embedding(trg) * self.embed_scale  # (B, T, D)
         return self.dropout(x + self.position_table[start : start + trg.shape[1]].to(x.dtype))  # (B, T, D)
 
+    def generate(self, hidden: Tensor) -> Tensor:
+        """Hidden states -> log-probabilities over the target vocabulary (the source's fc_out)."""
+        return torch.log_softmax(self.fc_out(hidden), dim=-1)  # (B, T, V)
+
+    # --- incremental decoding: the suite's addition, not the source's ---
+
     def start_cache(self, enc_out: Tensor) -> list[LayerCache]:
         return [layer.start_cache(enc_out) for layer in self.layers]
 
@@ -60,7 +66,3 @@ class Decoder(nn.Module):
         for layer, layer_cache in zip(self.layers, cache, strict=True):
             x = layer.step(x, layer_cache, src_mask, trg_mask)
         return self.norm(x)  # (B, 1, D)
-
-    def generate(self, hidden: Tensor) -> Tensor:
-        """Hidden states -> log-probabilities over the target vocabulary (the source's fc_out)."""
-        return torch.log_softmax(self.fc_out(hidden), dim=-1)  # (B, T, V)

@@ -8,6 +8,8 @@ Shape legend:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor, nn
 
 from common.cache import LayerCache
@@ -31,13 +33,17 @@ class DecoderBlock(nn.Module):
         self, x: Tensor, value: Tensor, key: Tensor, src_mask: Tensor | None, trg_mask: Tensor | None
     ) -> Tensor:
         """(B, T, D) target, (B, S, D) value and key (the encoder output) -> (B, T, D)."""
-        if self.norm_first:  # x + dropout(self_attention(norm(x)))
-            normed = self.norm(x)  # (B, T, D)
-            query = x + self.dropout(self.attention(normed, normed, normed, trg_mask))  # (B, T, D)
-        else:  # norm(x + dropout(self_attention(x)))
-            query = self.norm(x + self.dropout(self.attention(x, x, x, trg_mask)))  # (B, T, D)
+        query = self.residual(x, lambda normed: self.attention(normed, normed, normed, trg_mask))  # (B, T, D)
         # value and key from the encoder, query from the decoder, residual on the query
         return self.transformer_block(value, key, query, src_mask)  # (B, T, D)
+
+    def residual(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """The masked self-attention around x, its input normalised (pre-norm) or its sum (post-norm)."""
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))  # (B, T, D)
+        return self.norm(x + self.dropout(sublayer(x)))  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition, not the source's ---
 
     def start_cache(self, enc_out: Tensor) -> LayerCache:
         """The transformer block's values and keys of the encoder output, once per source; no
@@ -51,8 +57,5 @@ class DecoderBlock(nn.Module):
         self, x: Tensor, cache: LayerCache, src_mask: Tensor | None, trg_mask: Tensor
     ) -> Tensor:
         """``forward`` for one new position x (B, 1, D), its values and keys read from ``cache``."""
-        if self.norm_first:
-            query = x + self.dropout(self.attention.step(self.norm(x), cache, trg_mask))  # (B, 1, D)
-        else:
-            query = self.norm(x + self.dropout(self.attention.step(x, cache, trg_mask)))  # (B, 1, D)
+        query = self.residual(x, lambda normed: self.attention.step(normed, cache, trg_mask))  # (B, 1, D)
         return self.transformer_block.step(cache.cross_values, cache.cross_keys, query, src_mask)

@@ -63,20 +63,11 @@ class Transformer(EncoderDecoder):
     ) -> Tensor:
         return self.decoder(tgt, memory, src_mask, tgt_mask)  # (B, T, D)
 
-    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
-        return self.decoder.start_cache(memory)
-
-    def _decode_step(
-        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
-    ) -> Tensor:
-        return self.decoder.step(tgt, position, cache, src_mask, tgt_mask)  # (B, 1, D)
-
     def _project(self, hidden: Tensor) -> Tensor:
         return self.decoder.generate(hidden)  # (B, T, V)
 
-    # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's.
-    # The decoder's cross-attention, feed-forward, norm2 and norm3 live in its TransformerBlock,
-    # whose norm1/norm2 follow its attention and feed-forward.
+    # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's;
+    # the decoder's cross-attention, ff, norm2 and norm3 live in its transformer_block
     weight_map: ClassVar[dict[str, str | Param]] = {
         "src_embed.weight": "encoder.word_embedding.weight",
         "tgt_embed.weight": "decoder.word_embedding.weight",
@@ -121,3 +112,13 @@ class Transformer(EncoderDecoder):
         "{stack}.norm": "{stack}.norm",
         "generator": "",  # decoder.generate is a method, not a module: the model's own output
     }
+
+    # --- incremental decoding: the suite's addition, not the source's ---
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return self.decoder.start_cache(memory)
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        return self.decoder.step(tgt, position, cache, src_mask, tgt_mask)  # (B, 1, D)

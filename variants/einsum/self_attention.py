@@ -38,19 +38,28 @@ class SelfAttention(nn.Module):
         self.keys = nn.Linear(config.d_model, config.d_model)
         self.queries = nn.Linear(config.d_model, config.d_model)
         self.fc_out = nn.Linear(config.d_model, config.d_model)
-        self.scale = math.sqrt(config.head_dim)  # sqrt(d_k), not the source's sqrt(D)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, values: Tensor, keys: Tensor, query: Tensor, mask: Tensor | None) -> Tensor:
-        values, keys = self.project(values, keys)  # (B, S, H, Dh) each
-        return self.attend(values, keys, query, mask)  # (B, T, D)
+        N = query.shape[0]
+        value_len, key_len, query_len = values.shape[1], keys.shape[1], query.shape[1]
 
-    def project(self, values: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-        """values, keys (B, S, D) through their projections, split into heads."""
-        batch, key_len, _ = keys.shape
-        values = self.values(values).reshape(batch, key_len, self.heads, self.head_dim)  # (B, S, H, Dh)
-        keys = self.keys(keys).reshape(batch, key_len, self.heads, self.head_dim)  # (B, S, H, Dh)
-        return values, keys
+        # project, then split the embedding into self.heads pieces
+        values = self.values(values).reshape(N, value_len, self.heads, self.head_dim)  # (B, S, H, Dh)
+        keys = self.keys(keys).reshape(N, key_len, self.heads, self.head_dim)  # (B, S, H, Dh)
+        queries = self.queries(query).reshape(N, query_len, self.heads, self.head_dim)  # (B, T, H, Dh)
+
+        energy = torch.einsum("nqhd,nkhd->nhqk", queries, keys)  # (B, H, T, S)
+        # scaled by sqrt(d_k), not the source's sqrt(D); masked keys get the dtype's most
+        # negative value, not the source's -1e20
+        attention = mask_scores(energy / math.sqrt(self.head_dim), mask).softmax(dim=3)  # (B, H, T, S)
+        attention = self.dropout(attention)  # (B, H, T, S)
+
+        out = torch.einsum("nhql,nlhd->nqhd", attention, values)  # (B, T, H, Dh)
+        out = out.reshape(N, query_len, self.heads * self.head_dim)  # (B, T, D): heads concatenated
+        return self.fc_out(out)  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition, not the source's ---
 
     def step(self, query: Tensor, cache: LayerCache, mask: Tensor | None) -> Tensor:
         """Masked self-attention of one new position (B, 1, D) over itself and every earlier one:
@@ -60,13 +69,20 @@ class SelfAttention(nn.Module):
         cache.self_keys = torch.cat([cache.self_keys, keys], dim=1)  # (B, t, H, Dh)
         return self.attend(cache.self_values, cache.self_keys, query, mask)  # (B, 1, D)
 
-    def attend(self, values: Tensor, keys: Tensor, query: Tensor, mask: Tensor | None) -> Tensor:
-        """query (B, T, D) over values and keys already projected and split: (B, S, H, Dh) each."""
-        batch, query_len, d_model = query.shape
-        queries = self.queries(query).reshape(batch, query_len, self.heads, self.head_dim)  # (B, T, H, Dh)
+    def project(self, values: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward``'s values and keys: (B, S, D) each through its projection, split into heads."""
+        N, key_len = keys.shape[:2]
+        values = self.values(values).reshape(N, key_len, self.heads, self.head_dim)  # (B, S, H, Dh)
+        keys = self.keys(keys).reshape(N, key_len, self.heads, self.head_dim)  # (B, S, H, Dh)
+        return values, keys
 
-        # dividing the queries, not the (B, H, T, S) energy, scales T·Dh numbers instead of T·S
-        energy = torch.einsum("nqhd,nkhd->nhqk", queries / self.scale, keys)  # (B, H, T, S)
-        attention = self.dropout(mask_scores(energy, mask).softmax(dim=3))  # (B, H, T, S)
+    def attend(self, values: Tensor, keys: Tensor, query: Tensor, mask: Tensor | None) -> Tensor:
+        """The rest of ``forward``: query (B, T, D) over values and keys already projected and
+        split, (B, S, H, Dh) each."""
+        N, query_len = query.shape[:2]
+        queries = self.queries(query).reshape(N, query_len, self.heads, self.head_dim)  # (B, T, H, Dh)
+        energy = torch.einsum("nqhd,nkhd->nhqk", queries, keys)  # (B, H, T, S)
+        attention = mask_scores(energy / math.sqrt(self.head_dim), mask).softmax(dim=3)  # (B, H, T, S)
+        attention = self.dropout(attention)  # (B, H, T, S)
         out = torch.einsum("nhql,nlhd->nqhd", attention, values)  # (B, T, H, Dh)
-        return self.fc_out(out.reshape(batch, query_len, d_model))  # (B, T, D)
+        return self.fc_out(out.reshape(N, query_len, self.heads * self.head_dim))  # (B, T, D)

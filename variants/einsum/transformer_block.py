@@ -9,6 +9,7 @@ Shape legend:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from torch import Tensor, nn
 
@@ -50,23 +51,26 @@ class TransformerBlock(nn.Module):
 
     def forward(self, value: Tensor, key: Tensor, query: Tensor, mask: Tensor | None) -> Tensor:
         """(B, S, D) value and key, (B, T, D) query -> (B, T, D)."""
+        def attention(normed: Tensor) -> Tensor:
+            # self-attention's value and key are its query, so normalised with it in pre-norm;
+            # the encoder output in cross-attention is another tensor, attended over as given
+            value_in = normed if value is query else value  # (B, S, D)
+            key_in = normed if key is query else key  # (B, S, D)
+            return self.attention(value_in, key_in, normed, mask)  # (B, T, D)
+
+        x = self.residual(query, self.norm1, attention)  # (B, T, D): the residual is the query
+        return self.residual(x, self.norm2, self.feed_forward)  # (B, T, D)
+
+    def residual(self, x: Tensor, norm: nn.Module, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        """One sublayer around x, its input normalised (pre-norm) or its sum (post-norm)."""
         if self.norm_first:
-            normed = self.norm1(query)  # (B, T, D)
-            # self-attention's keys and values are its query, so normalised with it; the encoder
-            # output in cross-attention is another tensor, attended over as given
-            value = normed if value is query else value  # (B, S, D)
-            key = normed if key is query else key  # (B, S, D)
-            x = query + self.dropout(self.attention(value, key, normed, mask))  # (B, T, D)
-            return x + self.dropout(self.feed_forward(self.norm2(x)))  # (B, T, D)
-        x = self.norm1(query + self.dropout(self.attention(value, key, query, mask)))  # (B, T, D)
-        return self.norm2(x + self.dropout(self.feed_forward(x)))  # (B, T, D)
+            return x + self.dropout(sublayer(norm(x)))  # (B, T, D)
+        return norm(x + self.dropout(sublayer(x)))  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition, not the source's ---
 
     def step(self, values: Tensor, keys: Tensor, query: Tensor, mask: Tensor | None) -> Tensor:
         """The decoder role for one new position, query (B, 1, D), decoding with a cache: the
         attention reads values and keys projected once per source, (B, S, H, Dh) each."""
-        if self.norm_first:
-            attended = self.attention.attend(values, keys, self.norm1(query), mask)  # (B, 1, D)
-            x = query + self.dropout(attended)  # (B, 1, D)
-            return x + self.dropout(self.feed_forward(self.norm2(x)))  # (B, 1, D)
-        x = self.norm1(query + self.dropout(self.attention.attend(values, keys, query, mask)))  # (B, 1, D)
-        return self.norm2(x + self.dropout(self.feed_forward(x)))  # (B, 1, D)
+        x = self.residual(query, self.norm1, lambda normed: self.attention.attend(values, keys, normed, mask))
+        return self.residual(x, self.norm2, self.feed_forward)  # (B, 1, D)

@@ -68,11 +68,10 @@ class LayerNormalization(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # the source divides by (std + eps) with the unbiased std; DESIGN.md's LayerNorm is
-        # nn.LayerNorm's: the biased variance (the mean of squares), eps inside the square root
+        # nn.LayerNorm's: the biased variance, eps inside the square root
         mean = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
-        centered = x - mean  # (B, S, D)
-        var = centered.square().mean(dim=-1, keepdim=True)  # (B, S, 1)
-        return self.alpha * (centered * torch.rsqrt(var + self.eps)) + self.bias  # (B, S, D)
+        var = x.var(dim=-1, unbiased=False, keepdim=True)  # (B, S, 1)
+        return self.alpha * (x - mean) / torch.sqrt(var + self.eps) + self.bias  # (B, S, D)
 
 
 class FeedForward(nn.Module):
@@ -95,50 +94,62 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         self.d_model = config.d_model
         self.n_heads = config.n_heads
-        self.head_dim = config.head_dim
-        self.wq = nn.Linear(config.d_model, config.d_model)
-        self.wk = nn.Linear(config.d_model, config.d_model)
-        self.wv = nn.Linear(config.d_model, config.d_model)
-        self.wo = nn.Linear(config.d_model, config.d_model)
+        self.head_dim = config.head_dim  # d_k = D / H
+        self.wq = nn.Linear(config.d_model, config.d_model)  # D -> D
+        self.wk = nn.Linear(config.d_model, config.d_model)  # D -> D
+        self.wv = nn.Linear(config.d_model, config.d_model)  # D -> D
+        self.wo = nn.Linear(config.d_model, config.d_model)  # D -> D
         self.dropout = nn.Dropout(config.dropout)
 
     @staticmethod
-    def attention(
-        q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: nn.Module
-    ) -> Tensor:
-        head_dim = q.shape[-1]
-        # (Q / sqrt(Dh)) K^T = Q K^T / sqrt(Dh); scaling Q touches T x Dh numbers, not T x S
-        scores = (q / math.sqrt(head_dim)) @ k.transpose(-2, -1)  # (B, H, T, S)
-        weights = mask_scores(scores, mask).softmax(dim=-1)  # (B, H, T, S)
-        return dropout(weights) @ v  # (B, H, T, Dh)
+    def attention(q: Tensor, k: Tensor, v: Tensor, dropout: nn.Module, mask: Tensor | None) -> Tensor:
+        # q: (B, H, T, Dh), k and v: (B, H, S, Dh)
+        d_k = q.shape[-1]
+        # (B, H, T, Dh) @ (B, H, Dh, S) -> (B, H, T, S)
+        attention_score = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, T, S)
+        # masked positions get the dtype's most negative value, so softmax gives them 0
+        attention_score = mask_scores(attention_score, mask).softmax(dim=-1)  # (B, H, T, S)
+        return dropout(attention_score) @ v  # (B, H, T, Dh)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        key, value = self.keys_values(k, v)  # (B, H, S, Dh) each
-        return self.attend(q, key, value, mask)  # (B, T, D)
+        B, T, _ = q.shape  # q: (B, T, D)
+        _, S, _ = k.shape  # k, v: (B, S, D)
 
-    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """k, v (B, S, D) projected by W_k, W_v and split into heads."""
-        batch, k_len, _ = k.shape
-        key = self.wk(k).view(batch, k_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
-        value = self.wv(v).view(batch, k_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
-        return key, value
-
-    def attend(self, q: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
-        """q (B, T, D) attends over keys and values already projected: (B, H, S, Dh) each."""
-        batch, q_len, _ = q.shape
-        query = self.wq(q).view(batch, q_len, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
-        x = self.attention(query, key, value, mask, self.dropout)  # (B, H, T, Dh)
-        x = x.transpose(1, 2).reshape(batch, q_len, self.d_model)  # (B, T, D)
+        # project and split into H heads
+        query = self.wq(q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        key = self.wk(k).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        value = self.wv(v).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        x = MultiHeadAttention.attention(query, key, value, self.dropout, mask)  # (B, H, T, Dh)
+        # merge heads back: (B, H, T, Dh) -> (B, T, H, Dh) -> (B, T, D)
+        x = x.transpose(1, 2).contiguous().view(B, T, self.d_model)  # (B, T, D)
         return self.wo(x)  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition, not the source's ---
 
     def step(self, x: Tensor, cache: LayerCache, mask: Tensor | None) -> Tensor:
         """Self-attention of one new position x (B, 1, D) over itself and every earlier one.
 
-        Its key and value are appended to the cache's (in place), so only x is projected."""
+        Its key and value join the cache's (in place), so only x is projected."""
         key, value = self.keys_values(x, x)  # (B, H, 1, Dh) each
         cache.self_keys = torch.cat([cache.self_keys, key], dim=2)  # (B, H, t, Dh)
         cache.self_values = torch.cat([cache.self_values, value], dim=2)  # (B, H, t, Dh)
         return self.attend(x, cache.self_keys, cache.self_values, mask)  # (B, 1, D)
+
+    def keys_values(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward``'s keys and values: k, v (B, S, D) projected and split into heads."""
+        B, S, _ = k.shape
+        key = self.wk(k).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        value = self.wv(v).view(B, S, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, S, Dh)
+        return key, value
+
+    def attend(self, q: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
+        """The rest of ``forward``: q (B, T, D) over keys and values already projected and
+        split, (B, H, S, Dh) each."""
+        B, T, _ = q.shape
+        query = self.wq(q).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        x = MultiHeadAttention.attention(query, key, value, self.dropout, mask)  # (B, H, T, Dh)
+        x = x.transpose(1, 2).contiguous().view(B, T, self.d_model)  # (B, T, D)
+        return self.wo(x)  # (B, T, D)
 
 
 class ResidualConnection(nn.Module):
@@ -217,6 +228,8 @@ class DecoderBlock(nn.Module):
         )
         return self.feed_forward_residual(x, self.feed_forward)  # (B, T, D)
 
+    # --- incremental decoding: the suite's addition, not the source's ---
+
     def start_cache(self, encoder_output: Tensor) -> LayerCache:
         """Cross-attention keys and values of the encoder output, once per source; no
         self-attention key or value yet (the projections of zero positions, (B, H, 0, Dh))."""
@@ -252,6 +265,8 @@ class Decoder(nn.Module):
         for layer in self.layers:
             x = layer(x, encoder_output, src_mask, tgt_mask)
         return self.norm(x)  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition, not the source's ---
 
     def start_cache(self, encoder_output: Tensor) -> list[LayerCache]:
         return [layer.start_cache(encoder_output) for layer in self.layers]
@@ -302,15 +317,6 @@ class Transformer(EncoderDecoder):
         x = self.tgt_pos(self.tgt_embed(tgt))  # (B, T, D)
         return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
 
-    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
-        return self.decoder.start_cache(memory)
-
-    def _decode_step(
-        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
-    ) -> Tensor:
-        x = self.tgt_pos(self.tgt_embed(tgt), start=position)  # (B, 1, D): E[y_t] sqrt(D) + PE[t]
-        return self.decoder.step(x, cache, src_mask, tgt_mask)  # (B, 1, D)
-
     def _project(self, hidden: Tensor) -> Tensor:
         return self.projection(hidden)  # (B, T, V)
 
@@ -349,3 +355,14 @@ class Transformer(EncoderDecoder):
         "{stack}.norm": "{stack}.norm",
         "generator": "projection",
     }
+
+    # --- incremental decoding: the suite's addition, not the source's ---
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return self.decoder.start_cache(memory)
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        x = self.tgt_pos(self.tgt_embed(tgt), start=position)  # (B, 1, D): E[y_t] sqrt(D) + PE[t]
+        return self.decoder.step(x, cache, src_mask, tgt_mask)  # (B, 1, D)

@@ -108,16 +108,16 @@ class LayerNormFunction(torch.autograd.Function):
 
     Forward, for one position x ∈ ℝᴰ, with ⟨·⟩ the mean over its D features:
 
-        μ = ⟨x⟩,   σ² = ⟨(x − μ)²⟩,   r = 1/√(σ² + ε),   x̂ = (x − μ) · r,   y = γ ⊙ x̂ + β
+        μ = ⟨x⟩,   σ² = ⟨(x − μ)²⟩,   s = √(σ² + ε),   x̂ = (x − μ) / s,   y = γ ⊙ x̂ + β
 
     Backward. Let g = ∂L/∂y ⊙ γ = ∂L/∂x̂. Since Σⱼ (xⱼ − μ) = 0, ∂σ²/∂xᵢ = 2 (xᵢ − μ) / D, so
-    ∂r/∂xᵢ = −r² x̂ᵢ / D and
+    ∂s/∂xᵢ = x̂ᵢ / D and
 
-        ∂x̂ⱼ/∂xᵢ = r · (δᵢⱼ − 1/D − x̂ᵢ x̂ⱼ / D)
+        ∂x̂ⱼ/∂xᵢ = (δᵢⱼ − 1/D − x̂ᵢ x̂ⱼ / D) / s
 
     Summing g over j:
 
-        ∂L/∂x = r · (g − ⟨g⟩ − x̂ ⊙ ⟨g ⊙ x̂⟩)
+        ∂L/∂x = (g − ⟨g⟩ − x̂ ⊙ ⟨g ⊙ x̂⟩) / s
 
     The two means take away what μ and σ² absorb: the parts of g along the constant vector and
     along x̂. Over all positions, ∂L/∂γ = Σ ∂L/∂y ⊙ x̂ and ∂L/∂β = Σ ∂L/∂y.
@@ -128,39 +128,37 @@ class LayerNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, eps: float) -> Tensor:
         mu = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
-        deviation = x - mu  # (B, S, D)
-        sigma2 = deviation.square().mean(dim=-1, keepdim=True)  # (B, S, 1) biased variance
-        r = torch.rsqrt(sigma2 + eps)  # (B, S, 1)
-        x_hat = deviation * r  # (B, S, D)
-        ctx.save_for_backward(x_hat, r, gamma)
+        sigma2 = (x - mu).square().mean(dim=-1, keepdim=True)  # (B, S, 1) biased variance
+        s = torch.sqrt(sigma2 + eps)  # (B, S, 1)
+        x_hat = (x - mu) / s  # (B, S, D)
+        ctx.save_for_backward(x_hat, s, gamma)
         return gamma * x_hat + beta  # (B, S, D)
 
     @staticmethod
     @once_differentiable  # the derived gradient is not itself differentiable: say so, loudly
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        x_hat, r, gamma = ctx.saved_tensors
+        x_hat, s, gamma = ctx.saved_tensors
         g = grad_y * gamma  # (B, S, D) ∂L/∂x̂
-        grad_x = r * (g - g.mean(dim=-1, keepdim=True) - x_hat * (g * x_hat).mean(dim=-1, keepdim=True))
+        grad_x = (g - g.mean(dim=-1, keepdim=True) - x_hat * (g * x_hat).mean(dim=-1, keepdim=True)) / s
         positions = tuple(range(grad_y.dim() - 1))  # every axis but D
         return grad_x, (grad_y * x_hat).sum(positions), grad_y.sum(positions), None
 
 
 def attention_weights(Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
-    """softmax(Q K^T / √d_k) with masked keys filled before the softmax   (section 3.2.1).
+    """softmax(Q Kᵀ / √d_k) with masked keys filled before the softmax   (section 3.2.1).
 
     Q (..., T, Dh) and K (..., S, Dh) give (..., T, S): each row sums to 1 and gives
     exactly 0 to a masked key (a fully masked row is uniform, see common.masks).
     """
     d_k = Q.shape[-1]
-    # (Q / √d_k) Kᵀ = Q Kᵀ / √d_k: scaling Q touches T·d_k numbers instead of T·S
-    scores = einsum(Q / math.sqrt(d_k), K, "... t k, ... s k -> ... t s")  # (B, H, T, S)
+    scores = einsum(Q, K, "... t k, ... s k -> ... t s") / math.sqrt(d_k)  # (B, H, T, S): Q Kᵀ / √d_k
     return mask_scores(scores, mask).softmax(dim=-1)  # (B, H, T, S)
 
 
 def scaled_dot_product_attention(
     Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
 ) -> Tensor:
-    """Attention(Q, K, V) = softmax(Q K^T / √d_k) V   (section 3.2.1, eq. 1).
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V   (section 3.2.1, eq. 1).
 
     ``mask`` is bool, True = may attend, broadcastable to (..., T, S); ``dropout_p`` drops
     attention weights (section 5.4), as in ``torch.nn.functional.scaled_dot_product_attention``.
@@ -191,24 +189,18 @@ class MultiHeadAttention(nn.Module):
         self.b_o = nn.Parameter(torch.zeros(D))  # (D,)
 
     def forward(self, Q: Tensor, K: Tensor, V: Tensor, mask: Tensor | None = None) -> Tensor:
-        return self.attend(Q, *self.keys_values(K, V), mask)  # (B, T, D)
-
-    def keys_values(self, K: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
-        """K W_k^h + b_k^h and V W_v^h + b_v^h for every head h: 2 x (B, H, S, Dh)."""
-        return _per_head(K, self.W_k, self.b_k), _per_head(V, self.W_v, self.b_v)
-
-    def attend(self, Q: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None = None) -> Tensor:
-        """MultiHead(Q, K, V) with the keys and values already projected, K_h = K W_k^h + b_k^h
-        and V_h = V W_v^h + b_v^h, (B, H, S, Dh) each."""
+        # Q W_q^h + b_q^h, K W_k^h + b_k^h, V W_v^h + b_v^h for every head h at once:
+        # Q_h (B, H, T, Dh), K_h and V_h (B, H, S, Dh)
+        Q_h = einsum(Q, self.W_q, "b t d, h d k -> b h t k") + rearrange(self.b_q, "h k -> h 1 k")
+        K_h = einsum(K, self.W_k, "b s d, h d k -> b h s k") + rearrange(self.b_k, "h k -> h 1 k")
+        V_h = einsum(V, self.W_v, "b s d, h d k -> b h s k") + rearrange(self.b_v, "h k -> h 1 k")
+        # head_h = Attention(Q_h, K_h, V_h), dropout on its weights while training
         dropout_p = self.dropout_p if self.training else 0.0
-        heads = scaled_dot_product_attention(
-            _per_head(Q, self.W_q, self.b_q),  # (B, H, T, Dh)
-            K_h,  # (B, H, S, Dh)
-            V_h,  # (B, H, S, Dh)
-            mask,
-            dropout_p,
-        )  # (B, H, T, Dh)
+        heads = scaled_dot_product_attention(Q_h, K_h, V_h, mask, dropout_p)  # (B, H, T, Dh)
+        # Concat(head_1, …, head_H) W_o + b_o = Σ_h head_h W_o^h + b_o
         return einsum(heads, self.W_o, "b h t k, h k d -> b t d") + self.b_o  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition, not the source's ---
 
     def step(self, x_t: Tensor, cache: LayerCache, mask: Tensor | None = None) -> Tensor:
         """Masked self-attention of position t, x_t (B, 1, D), over positions 1..t:
@@ -217,7 +209,7 @@ class MultiHeadAttention(nn.Module):
             head_h = Attention(x_t W_q^h + b_q^h, K_{1:t}^h, V_{1:t}^h)
 
         K_{1:t-1} and V_{1:t-1} are the cache's; it holds K_{1:t} and V_{1:t} afterwards (in
-        place). Row t of Q K^T depends on x_t and the rows of K up to t only — causality — so
+        place). Row t of Q Kᵀ depends on x_t and the rows of K up to t only — causality — so
         this is row t of the full MultiHead(X, X, X) under the causal mask.
         """
         k_t, v_t = self.keys_values(x_t, x_t)  # (B, H, 1, Dh) each
@@ -225,13 +217,28 @@ class MultiHeadAttention(nn.Module):
         cache.self_values = torch.cat([cache.self_values, v_t], dim=-2)  # V_{1:t}: (B, H, t, Dh)
         return self.attend(x_t, cache.self_keys, cache.self_values, mask)  # (B, 1, D)
 
+    def keys_values(self, K: Tensor, V: Tensor) -> tuple[Tensor, Tensor]:
+        """``forward``'s K_h = K W_k^h + b_k^h and V_h = V W_v^h + b_v^h: 2 x (B, H, S, Dh)."""
+        return _per_head(K, self.W_k, self.b_k), _per_head(V, self.W_v, self.b_v)
+
+    def attend(self, Q: Tensor, K_h: Tensor, V_h: Tensor, mask: Tensor | None = None) -> Tensor:
+        """The rest of ``forward``: MultiHead(Q, K, V) with K_h and V_h already projected,
+        (B, H, S, Dh) each."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        Q_h = _per_head(Q, self.W_q, self.b_q)  # (B, H, T, Dh)
+        heads = scaled_dot_product_attention(Q_h, K_h, V_h, mask, dropout_p)  # (B, H, T, Dh)
+        return einsum(heads, self.W_o, "b h t k, h k d -> b t d") + self.b_o  # (B, T, D)
+
+    # --- what the heads look at: the suite's addition, not the source's ---
+
     def attention_map(self, Q: Tensor, K: Tensor, mask: Tensor | None = None) -> Tensor:
-        """Every head's softmax(Q W_q^h (K W_k^h)^T / √d_k): (B, H, T, S), what the heads look at."""
+        """Every head's softmax(Q W_q^h (K W_k^h)ᵀ / √d_k): (B, H, T, S), for pictures."""
         return attention_weights(_per_head(Q, self.W_q, self.b_q), _per_head(K, self.W_k, self.b_k), mask)
 
 
 def _per_head(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
-    """x W^h + b^h for every head h at once: (B, T, D) -> (B, H, T, Dh)."""
+    """x W^h + b^h for every head h at once, as ``MultiHeadAttention.forward`` writes it out:
+    (B, T, D) -> (B, H, T, Dh). For the suite's additions above."""
     return einsum(x, W, "b t d, h d k -> b h t k") + rearrange(b, "h k -> h 1 k")  # (B, H, T, Dh)
 
 

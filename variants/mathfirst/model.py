@@ -90,6 +90,8 @@ class DecoderLayer(nn.Module):
         x = self.cross_attn_add_norm(x, lambda h: self.cross_attn(h, memory, memory, src_mask))
         return self.feed_forward_add_norm(x, self.feed_forward)  # (B, T, D)
 
+    # --- incremental decoding: the suite's addition, not the source's ---
+
     def start_cache(self, memory: Tensor) -> LayerCache:
         """The cross-attention's m W_k^h + b_k^h and m W_v^h + b_v^h, once per source, and
         K_{1:0}, V_{1:0}: the self-attention's keys and values of no position, (B, H, 0, Dh)."""
@@ -138,6 +140,8 @@ class Decoder(nn.Module):
             x = layer(x, memory, src_mask, tgt_mask)
         return self.norm(x)  # (B, T, D)
 
+    # --- incremental decoding: the suite's addition, not the source's ---
+
     def start_cache(self, memory: Tensor) -> list[LayerCache]:
         return [layer.start_cache(memory) for layer in self.layers]
 
@@ -170,13 +174,6 @@ class Generator(nn.Module):
         return torch.log_softmax(x @ W + self.b, dim=-1)  # (B, T, V)
 
 
-# Canonical names (DESIGN.md) are nn.Linear's (out, in); here W is applied as x @ W, with the
-# heads split out of the output axis. Axes: h head, k head dim, d model dim, f feed-forward dim,
-# v vocabulary; "(h k)" is the concatenation of the heads.
-_LAYER = "{stack}.layers.{i}"
-_ATTN = _LAYER + ".{attn}"  # self_attn in both stacks, cross_attn in the decoder
-
-
 class Transformer(EncoderDecoder):
     """Embed + positions -> encoder -> decoder -> generator: encode, decode, project."""
 
@@ -201,36 +198,35 @@ class Transformer(EncoderDecoder):
         x = self.positional_encoding(self.tgt_embedding(tgt))  # (B, T, D)
         return self.decoder(x, memory, src_mask, tgt_mask)  # (B, T, D)
 
-    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
-        return self.decoder.start_cache(memory)
-
-    def _decode_step(
-        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
-    ) -> Tensor:
-        x_t = self.positional_encoding(self.tgt_embedding(tgt), start=position)  # E[y_t]·√D + PE[t]
-        return self.decoder.step(x_t, cache, src_mask, tgt_mask)  # (B, 1, D)
-
     def _project(self, hidden: Tensor) -> Tensor:
         return self.generator(hidden)  # (B, T, V)
 
+    # canonical name (DESIGN.md) -> this variant's parameter; W is applied as x @ W, so each layout
+    # turns it into nn.Linear's (out, in): h head, k head dim, d model, f feed-forward, v vocabulary
     weight_map: ClassVar[dict[str, str | Param]] = {
-        "src_embed.weight": "src_embedding.E",  # (V, D) in both
+        "src_embed.weight": "src_embedding.E",
         "tgt_embed.weight": "tgt_embedding.E",
-        _ATTN + ".wq.weight": Param(_ATTN + ".W_q", layout="h d k -> (h k) d"),
-        _ATTN + ".wk.weight": Param(_ATTN + ".W_k", layout="h d k -> (h k) d"),
-        _ATTN + ".wv.weight": Param(_ATTN + ".W_v", layout="h d k -> (h k) d"),
-        _ATTN + ".wq.bias": Param(_ATTN + ".b_q", layout="h k -> (h k)"),
-        _ATTN + ".wk.bias": Param(_ATTN + ".b_k", layout="h k -> (h k)"),
-        _ATTN + ".wv.bias": Param(_ATTN + ".b_v", layout="h k -> (h k)"),
-        _ATTN + ".wo.weight": Param(_ATTN + ".W_o", layout="h k d -> d (h k)"),
-        _ATTN + ".wo.bias": _ATTN + ".b_o",  # (D,) in both
-        _LAYER + ".ff.w1.weight": Param(_LAYER + ".feed_forward.W_1", layout="d f -> f d"),
-        _LAYER + ".ff.w1.bias": _LAYER + ".feed_forward.b_1",
-        _LAYER + ".ff.w2.weight": Param(_LAYER + ".feed_forward.W_2", layout="f d -> d f"),
-        _LAYER + ".ff.w2.bias": _LAYER + ".feed_forward.b_2",
-        # norm1 after self-attention; norm2 after the FFN (encoder) or cross-attention (decoder)
-        _LAYER + ".norm1.weight": _LAYER + ".self_attn_add_norm.norm.gamma",
-        _LAYER + ".norm1.bias": _LAYER + ".self_attn_add_norm.norm.beta",
+        "{stack}.layers.{i}.{attn}.wq.weight":
+            Param("{stack}.layers.{i}.{attn}.W_q", layout="h d k -> (h k) d"),
+        "{stack}.layers.{i}.{attn}.wk.weight":
+            Param("{stack}.layers.{i}.{attn}.W_k", layout="h d k -> (h k) d"),
+        "{stack}.layers.{i}.{attn}.wv.weight":
+            Param("{stack}.layers.{i}.{attn}.W_v", layout="h d k -> (h k) d"),
+        "{stack}.layers.{i}.{attn}.wo.weight":
+            Param("{stack}.layers.{i}.{attn}.W_o", layout="h k d -> d (h k)"),
+        "{stack}.layers.{i}.{attn}.wq.bias":
+            Param("{stack}.layers.{i}.{attn}.b_q", layout="h k -> (h k)"),
+        "{stack}.layers.{i}.{attn}.wk.bias":
+            Param("{stack}.layers.{i}.{attn}.b_k", layout="h k -> (h k)"),
+        "{stack}.layers.{i}.{attn}.wv.bias":
+            Param("{stack}.layers.{i}.{attn}.b_v", layout="h k -> (h k)"),
+        "{stack}.layers.{i}.{attn}.wo.bias": "{stack}.layers.{i}.{attn}.b_o",
+        "{stack}.layers.{i}.ff.w1.weight": Param("{stack}.layers.{i}.feed_forward.W_1", layout="d f -> f d"),
+        "{stack}.layers.{i}.ff.w1.bias": "{stack}.layers.{i}.feed_forward.b_1",
+        "{stack}.layers.{i}.ff.w2.weight": Param("{stack}.layers.{i}.feed_forward.W_2", layout="f d -> d f"),
+        "{stack}.layers.{i}.ff.w2.bias": "{stack}.layers.{i}.feed_forward.b_2",
+        "{stack}.layers.{i}.norm1.weight": "{stack}.layers.{i}.self_attn_add_norm.norm.gamma",
+        "{stack}.layers.{i}.norm1.bias": "{stack}.layers.{i}.self_attn_add_norm.norm.beta",
         "encoder.layers.{i}.norm2.weight": "encoder.layers.{i}.feed_forward_add_norm.norm.gamma",
         "encoder.layers.{i}.norm2.bias": "encoder.layers.{i}.feed_forward_add_norm.norm.beta",
         "decoder.layers.{i}.norm2.weight": "decoder.layers.{i}.cross_attn_add_norm.norm.gamma",
@@ -248,14 +244,25 @@ class Transformer(EncoderDecoder):
     probe_map: ClassVar[dict[str, str | Probe | None]] = {
         "src_embed": Probe("positional_encoding", call=0),  # one module for both: the source first
         "tgt_embed": Probe("positional_encoding", call=1),
-        _LAYER + ".self_attn": _LAYER + ".self_attn",
+        "{stack}.layers.{i}.self_attn": "{stack}.layers.{i}.self_attn",
         "decoder.layers.{i}.cross_attn": "decoder.layers.{i}.cross_attn",
-        _LAYER + ".ff": _LAYER + ".feed_forward",
-        _LAYER + ".norm1": _LAYER + ".self_attn_add_norm.norm",
+        "{stack}.layers.{i}.ff": "{stack}.layers.{i}.feed_forward",
+        "{stack}.layers.{i}.norm1": "{stack}.layers.{i}.self_attn_add_norm.norm",
         "encoder.layers.{i}.norm2": "encoder.layers.{i}.feed_forward_add_norm.norm",
         "decoder.layers.{i}.norm2": "decoder.layers.{i}.cross_attn_add_norm.norm",
         "decoder.layers.{i}.norm3": "decoder.layers.{i}.feed_forward_add_norm.norm",
-        _LAYER: _LAYER,
+        "{stack}.layers.{i}": "{stack}.layers.{i}",
         "{stack}.norm": "{stack}.norm",
         "generator": "generator",
     }
+
+    # --- incremental decoding: the suite's addition, not the source's ---
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return self.decoder.start_cache(memory)
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        x_t = self.positional_encoding(self.tgt_embedding(tgt), start=position)  # E[y_t]·√D + PE[t]
+        return self.decoder.step(x_t, cache, src_mask, tgt_mask)  # (B, 1, D)
