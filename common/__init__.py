@@ -1,1 +1,7 @@
-"""What every variant shares: the config, masks, input checks, canonical weights."""
+"""The core every variant stands on, and nothing that uses a model.
+
+config (``TransformerConfig``), masks, positions (the sinusoid table), checks (input checks),
+cache (the key/value cache of incremental decoding), probes (points to compare two models at),
+interface (``EncoderDecoder``, the interface every variant implements), weights (canonical
+weights and their maps), batches (random batches) and cli (helpers for the command lines).
+"""

@@ -81,7 +81,9 @@ class DecoderCache:
         """In place: row i becomes old row ``origin[i]`` — (B',) int64 ids in [0, B), repeats
         allowed, so one call both expands sources into beams and follows each beam's origin."""
         if not isinstance(origin, Tensor) or origin.dtype != torch.long or origin.ndim != 1:
-            raise TypeError(f"origin must be a 1-d torch.long tensor of row ids, got {describe(origin)}")
+            raise TypeError(
+                f"origin must be a 1-d torch.long tensor of row ids, got {type_and_shape(origin)}"
+            )
         if origin.device != self.device:
             raise ValueError(f"origin is on {origin.device} but the cache is on {self.device}")
         if origin.numel() == 0 or int(origin.min()) < 0 or int(origin.max()) >= self.batch_size:
@@ -101,7 +103,8 @@ def batch_first(src_mask: Tensor, batch: int) -> Tensor:
     return mask.expand(batch, *mask.shape[1:])
 
 
-def describe(value: object) -> str:
+def type_and_shape(value: object) -> str:
+    """What an argument is, for an error message: "torch.float32 tensor of shape (2, 3)", or its type."""
     if isinstance(value, Tensor):
         return f"{value.dtype} tensor of shape {tuple(value.shape)}"
     return type(value).__name__

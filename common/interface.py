@@ -13,7 +13,9 @@ did; the torch reference does not, and decodes by full recompute)::
     hidden = model.decode_step(tgt_last, cache)   # (B, 1) ids at position t -> (B, 1, D)
 
 ``decode_step`` at position t equals ``decode`` of the t + 1 ids so far under
-``decoder_mask``, at its last position; the cache (``common.cache``) grows in place.
+``decoder_mask``, at its last position; the cache (``common.cache``) grows in place. Each
+from-scratch variant writes the two stages over its decoder layers' ``start_cache(memory)`` and
+``step(x, cache, src_mask, tgt_mask)``, below its forward path, so no ``forward`` takes a cache.
 """
 
 from __future__ import annotations

@@ -1,20 +1,28 @@
 """Canonical weights: one neutral set of names that every variant maps its parameters to.
 
-A variant declares ``weight_map`` on its model class: a dict from canonical name patterns to
-its own parameter names, in the style of the rename tables of Hugging Face conversion scripts::
+A variant declares ``weight_map`` on its model class: one literal dict from canonical name
+patterns, written out in full, to its own parameter names, in the style of the rename tables of
+Hugging Face conversion scripts (here entries of two variants' maps)::
 
-    weight_map = {
-        "src_embed.weight": "src_embed.embedding.weight",
-        "encoder.layers.{i}.self_attn.{proj}.{kind}": "encoder.layers.{i}.self_attn.{proj}.{kind}",
-        "encoder.layers.{i}.self_attn.wq.weight":
-            Param("encoder.layers.{i}.W_q", layout="h i d -> (h d) i"),
+    # canonical name (DESIGN.md) -> this variant's parameter
+    weight_map: ClassVar[dict[str, str | Param]] = {
+        "src_embed.weight": "src_embedding.E",
+        "{stack}.layers.{i}.{attn}.wq.weight":
+            Param("{stack}.layers.{i}.{attn}.W_q", layout="h d k -> (h k) d"),
+        "decoder.layers.{i}.cross_attn.wk.{kind}":
+            Param("decoder.layers.{i}.cross_attn.kv_proj.{kind}", chunk=(0, 2)),
+        "{stack}.layers.{i}.{norm}.{kind}": "{stack}.layers.{i}.{norm}.{kind}",
+        ...
     }
 
 ``{field}`` matches one dotted segment of a canonical name and is substituted into the
-parameter name. ``Param.layout`` is an einops pattern from the variant's layout to the
-canonical one (``nn.Linear``'s ``(out, in)``); ``Param.chunk`` picks rows of a fused parameter
-such as ``nn.MultiheadAttention.in_proj_weight``. The inverse direction is derived from the
-same entry, so one line describes both export and import.
+parameter name; the fields in use are ``{stack}`` (encoder, decoder), ``{i}`` (the layer),
+``{attn}`` (self_attn, cross_attn), ``{proj}`` (wq, wk, wv, wo), ``{norm}`` (norm1, ...) and
+``{kind}`` (weight, bias). A plain string is a parameter of the canonical layout. ``Param`` says
+more only where needed: ``layout`` is an einops pattern from the variant's layout to the
+canonical one (``nn.Linear``'s ``(out, in)``); ``chunk=(k, n)`` is the k-th of n row blocks of a
+fused parameter such as ``nn.MultiheadAttention.in_proj_weight``. The inverse direction is
+derived from the same entry, so one line describes both export and import.
 
 With ``share_embeddings`` (section 3.4) the canonical names ``TIED`` are one matrix: a variant
 ties its parameters in its own style, and its map sends the three names to one parameter (by

@@ -117,10 +117,9 @@ class Transformer(EncoderDecoder):
         "generator.{kind}": "generator.{kind}",
     }
     # canonical point (common/probes.py) -> the module whose output it is; nn.MultiheadAttention
-    # returns (output, weights), and nn.Transformer's layers have no feed-forward module: its
-    # output is linear2's
+    # returns (output, weights), and the feed-forward's output is linear2's (it has no module)
     probe_map: ClassVar[dict[str, str | Probe | None]] = {
-        "src_embed": Probe("dropout", call=0),  # one dropout after both embeddings: the source's first
+        "src_embed": Probe("dropout", call=0),  # one dropout after both embeddings: source first
         "tgt_embed": Probe("dropout", call=1),
         "{stack}.layers.{i}.self_attn": Probe("transformer.{stack}.layers.{i}.self_attn", item=0),
         "decoder.layers.{i}.cross_attn": Probe("transformer.decoder.layers.{i}.multihead_attn", item=0),

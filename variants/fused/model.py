@@ -8,6 +8,9 @@ attention is nanoGPT's; the layers are ``nn.TransformerEncoderLayer``'s, pre/pos
 Mask convention: the suite's masks say True = *may attend*; ``sdpa_mask`` turns one into SDPA's
 additive mask once per stack, keeping the from-scratch variants' fully masked rows (below).
 
+Incremental decoding (``start_cache`` and ``step``, the suite's addition) sits below each class's
+forward path; its cache keeps keys and values with the heads merged, (B, t, D), as projected.
+
 Shape legend:
     B  batch            S  source length     T  target length (or the query length)
     H  heads            Dh head dim          D  model dim (d_model)
@@ -70,7 +73,7 @@ class Attention(nn.Module):
         super().__init__()
         self.d_model = config.d_model
         self.n_heads = config.n_heads
-        self.dropout = config.dropout  # a probability: SDPA drops attention weights in training
+        self.dropout_p = config.dropout  # a probability, not a module: SDPA drops attention weights
         self.out_proj = nn.Linear(config.d_model, config.d_model)  # W_o
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: SdpaMask | None) -> Tensor:
@@ -78,7 +81,7 @@ class Attention(nn.Module):
         q = q.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)  # (B, H, T, Dh)
         k = k.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)  # (B, H, S, Dh)
         v = v.unflatten(-1, (self.n_heads, -1)).transpose(1, 2)  # (B, H, S, Dh)
-        dropout_p = self.dropout if self.training else 0.0
+        dropout_p = self.dropout_p if self.training else 0.0  # in training only
         if mask is None:
             x = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)  # (B, H, T, Dh)
         else:
@@ -95,14 +98,25 @@ class SelfAttention(Attention):
         super().__init__(config)
         self.qkv_proj = nn.Linear(config.d_model, 3 * config.d_model)  # D -> 3D
 
-    def forward(self, x: Tensor, mask: SdpaMask | None, cache: LayerCache | None = None) -> Tensor:
-        """With ``cache``, x is one new position (B, 1, D): its key and value are appended to the
-        cache's (in place) and it attends over every position so far."""
+    def forward(self, x: Tensor, mask: SdpaMask | None) -> Tensor:
         q, k, v = self.qkv_proj(x).split(self.d_model, dim=-1)  # 3 x (B, T, D)
-        if cache is not None:
-            cache.self_keys = k = torch.cat([cache.self_keys, k], dim=1)  # (B, t, D)
-            cache.self_values = v = torch.cat([cache.self_values, v], dim=1)  # (B, t, D)
-        return self.attend(q, k, v, mask)
+        return self.attend(q, k, v, mask)  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition ---
+
+    def empty_keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of zero positions, (B, 0, D) each: a cache's start. Projected, not
+        built, so they come in the dtype the projection gives (autocast's, under autocast)."""
+        _, k, v = self.qkv_proj(memory[:, :0]).split(self.d_model, dim=-1)  # 3 x (B, 0, D)
+        return k, v
+
+    def step(self, x: Tensor, cache: LayerCache, mask: SdpaMask | None) -> Tensor:
+        """``forward`` for one new position x (B, 1, D) over every position so far: its key and
+        value are appended to the cache's (in place), so only x is projected."""
+        q, k, v = self.qkv_proj(x).split(self.d_model, dim=-1)  # 3 x (B, 1, D)
+        cache.self_keys = torch.cat([cache.self_keys, k], dim=1)  # (B, t, D)
+        cache.self_values = torch.cat([cache.self_values, v], dim=1)  # (B, t, D)
+        return self.attend(q, cache.self_keys, cache.self_values, mask)  # (B, 1, D)
 
 
 class CrossAttention(Attention):
@@ -113,16 +127,20 @@ class CrossAttention(Attention):
         self.q_proj = nn.Linear(config.d_model, config.d_model)  # D -> D
         self.kv_proj = nn.Linear(config.d_model, 2 * config.d_model)  # D -> 2D
 
-    def forward(
-        self, x: Tensor, memory: Tensor | None, mask: SdpaMask | None, cache: LayerCache | None = None
-    ) -> Tensor:
-        """With ``cache``, the keys and values of the encoder output are the cache's (memory unread)."""
-        k, v = self.keys_values(memory) if cache is None else (cache.cross_keys, cache.cross_values)
-        return self.attend(self.q_proj(x), k, v, mask)
+    def forward(self, x: Tensor, memory: Tensor, mask: SdpaMask | None) -> Tensor:
+        k, v = self.keys_values(memory)  # 2 x (B, S, D)
+        return self.attend(self.q_proj(x), k, v, mask)  # (B, T, D)
 
     def keys_values(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         k, v = self.kv_proj(memory).split(self.d_model, dim=-1)  # 2 x (B, S, D)
         return k, v
+
+    # --- incremental decoding: the suite's addition ---
+
+    def step(self, x: Tensor, cache: LayerCache, mask: SdpaMask | None) -> Tensor:
+        """``forward`` for one new position x (B, 1, D), over the encoder output's keys and values
+        in ``cache`` (projected once per source, when the cache started)."""
+        return self.attend(self.q_proj(x), cache.cross_keys, cache.cross_values, mask)  # (B, 1, D)
 
 
 class FeedForward(nn.Module):
@@ -174,28 +192,34 @@ class DecoderLayer(nn.Module):
         self.dropout = nn.Dropout(config.dropout)  # on each sublayer's output
 
     def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None,
-        src_mask: SdpaMask | None,
-        tgt_mask: SdpaMask | None,
-        cache: LayerCache | None = None,
+        self, x: Tensor, memory: Tensor, src_mask: SdpaMask | None, tgt_mask: SdpaMask | None
     ) -> Tensor:
-        """With ``cache`` (incremental decoding, as Hugging Face's ``past_key_value``), x is one new
-        position (B, 1, D) and the attentions read and grow the cache; ``memory`` is then None."""
         if self.norm_first:  # pre-norm; cross-attention normalises the query, never the memory
-            x = x + self.dropout(self.self_attn(self.norm1(x), tgt_mask, cache))
-            x = x + self.dropout(self.cross_attn(self.norm2(x), memory, src_mask, cache))
+            x = x + self.dropout(self.self_attn(self.norm1(x), tgt_mask))
+            x = x + self.dropout(self.cross_attn(self.norm2(x), memory, src_mask))
             return x + self.dropout(self.feed_forward(self.norm3(x)))
-        x = self.norm1(x + self.dropout(self.self_attn(x, tgt_mask, cache)))
-        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, src_mask, cache)))
+        x = self.norm1(x + self.dropout(self.self_attn(x, tgt_mask)))
+        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, src_mask)))
         return self.norm3(x + self.dropout(self.feed_forward(x)))  # (B, T, D)
 
+    # --- incremental decoding: the suite's addition ---
+
     def start_cache(self, memory: Tensor) -> LayerCache:
-        """The encoder output's keys and values, once per source; no self-attention key or value
-        yet (those of zero positions, (B, 0, D)). Kept with the heads merged, as projected."""
-        _, k, v = self.self_attn.qkv_proj(memory[:, :0]).split(self.self_attn.d_model, dim=-1)
-        return LayerCache(k, v, *self.cross_attn.keys_values(memory))
+        """The encoder output's keys and values, once per source, and no self-attention key or
+        value yet. Kept with the heads merged, (B, S, D) and (B, 0, D), as projected."""
+        return LayerCache(*self.self_attn.empty_keys_values(memory), *self.cross_attn.keys_values(memory))
+
+    def step(
+        self, x: Tensor, cache: LayerCache, src_mask: SdpaMask | None, tgt_mask: SdpaMask | None
+    ) -> Tensor:
+        """``forward`` for one new position x (B, 1, D), the attentions reading and growing ``cache``."""
+        if self.norm_first:
+            x = x + self.dropout(self.self_attn.step(self.norm1(x), cache, tgt_mask))
+            x = x + self.dropout(self.cross_attn.step(self.norm2(x), cache, src_mask))
+            return x + self.dropout(self.feed_forward(self.norm3(x)))
+        x = self.norm1(x + self.dropout(self.self_attn.step(x, cache, tgt_mask)))
+        x = self.norm2(x + self.dropout(self.cross_attn.step(x, cache, src_mask)))
+        return self.norm3(x + self.dropout(self.feed_forward(x)))  # (B, 1, D)
 
 
 class Encoder(nn.Module):
@@ -222,18 +246,25 @@ class Decoder(nn.Module):
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
 
     def forward(
-        self,
-        x: Tensor,
-        memory: Tensor | None,
-        src_mask: Tensor | None,
-        tgt_mask: Tensor | None,
-        cache: list[LayerCache] | None = None,
+        self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
     ) -> Tensor:
         src, tgt = sdpa_mask(src_mask, x.dtype), sdpa_mask(tgt_mask, x.dtype)  # once for every layer
-        caches = [None] * len(self.layers) if cache is None else cache  # a step's: one per layer
-        for layer, layer_cache in zip(self.layers, caches, strict=True):
-            x = layer(x, memory, src, tgt, layer_cache)
+        for layer in self.layers:
+            x = layer(x, memory, src, tgt)
         return self.norm(x)  # (B, T, D)
+
+    # --- incremental decoding: the suite's addition ---
+
+    def start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return [layer.start_cache(memory) for layer in self.layers]
+
+    def step(
+        self, x: Tensor, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        src, tgt = sdpa_mask(src_mask, x.dtype), sdpa_mask(tgt_mask, x.dtype)  # once for every layer
+        for layer, layer_cache in zip(self.layers, cache, strict=True):
+            x = layer.step(x, layer_cache, src, tgt)
+        return self.norm(x)  # (B, 1, D)
 
 
 class Transformer(EncoderDecoder):
@@ -267,15 +298,6 @@ class Transformer(EncoderDecoder):
     ) -> Tensor:
         return self.decoder(self._embed(self.tgt_embed, tgt), memory, src_mask, tgt_mask)  # (B, T, D)
 
-    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
-        return [layer.start_cache(memory) for layer in self.decoder.layers]
-
-    def _decode_step(
-        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
-    ) -> Tensor:
-        x = self._embed(self.tgt_embed, tgt, start=position)  # (B, 1, D)
-        return self.decoder(x, None, src_mask, tgt_mask, cache)  # (B, 1, D)
-
     def _project(self, hidden: Tensor) -> Tensor:
         return F.log_softmax(self.generator(hidden), dim=-1)  # (B, T, V)
 
@@ -304,7 +326,7 @@ class Transformer(EncoderDecoder):
     }
     # canonical point (common/probes.py) -> the module whose output it is
     probe_map: ClassVar[dict[str, str | Probe | None]] = {
-        "src_embed": Probe("dropout", call=0),  # one dropout after both embeddings: the source's first
+        "src_embed": Probe("dropout", call=0),  # one dropout after both embeddings: source first
         "tgt_embed": Probe("dropout", call=1),
         "{stack}.layers.{i}.self_attn": "{stack}.layers.{i}.self_attn",
         "decoder.layers.{i}.cross_attn": "decoder.layers.{i}.cross_attn",
@@ -314,3 +336,14 @@ class Transformer(EncoderDecoder):
         "{stack}.norm": "{stack}.norm",
         "generator": "",  # the generator module gives logits; log_softmax is in _project
     }
+
+    # --- incremental decoding: the suite's addition ---
+
+    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+        return self.decoder.start_cache(memory)
+
+    def _decode_step(
+        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        x = self._embed(self.tgt_embed, tgt, start=position)  # (B, 1, D)
+        return self.decoder.step(x, cache, src_mask, tgt_mask)  # (B, 1, D)

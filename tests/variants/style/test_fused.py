@@ -1,5 +1,6 @@
-"""What is particular to the fused variant: the suite's masks on SDPA, dropout inside SDPA, and
-fused projections that hold the canonical matrices as row blocks."""
+"""What is particular to the fused variant: the suite's masks on SDPA, dropout inside SDPA,
+fused projections that hold the canonical matrices as row blocks, and a cache of keys and values
+kept with the heads merged."""
 
 from __future__ import annotations
 
@@ -154,6 +155,17 @@ def test_attention_dropout_probability_is_the_configs_in_training_and_zero_in_ev
         assert record.dropout_p == [expected] * calls, f"training={training}"
 
 
+def test_the_attention_holds_a_probability_dropout_p_and_every_dropout_is_a_module():
+    """SDPA takes the probability; ``dropout`` names an ``nn.Dropout`` wherever it appears."""
+    config = small_config(dropout=0.3)
+    model = build("fused", config)
+    attentions = [module for module in model.modules() if isinstance(module, Attention)]
+    assert len(attentions) == 3 * config.n_layers
+    assert [attention.dropout_p for attention in attentions] == [0.3] * len(attentions)
+    for name, module in model.named_modules():
+        assert isinstance(getattr(module, "dropout", nn.Dropout()), nn.Dropout), name
+
+
 def test_attention_dropout_changes_the_output_in_training_only():
     config = small_config(dropout=0.5)
     attention = Attention(config)
@@ -198,6 +210,39 @@ def test_fused_projections_hold_the_canonical_matrices_as_row_blocks():
     transfer(explicit, back)
     for (name, param), other in zip(model.named_parameters(), back.parameters(), strict=True):
         assert torch.equal(param, other), name
+
+
+# --- the cache ------------------------------------------------------------------------------
+
+
+def test_the_cache_keeps_keys_and_values_with_the_heads_merged():
+    """Per layer (B, t, D) self-attention and (B, S, D) cross-attention keys and values, as
+    x W_k^T + b_k of the canonical matrices: layer 0's first key is that of the embedded BOS,
+    E[bos] * sqrt(D) + PE[0] (PE[0] = sin 0, cos 0, ... = 0, 1, ...), under post-norm and eval."""
+    config = small_config()
+    state = {name: tensor.double() for name, tensor in random_canonical(config).items()}
+    model = build("fused", config).double().eval()
+    import_weights(model, state)
+    generator = torch.Generator().manual_seed(0)
+    memory = torch.randn(3, 5, config.d_model, generator=generator, dtype=torch.float64)  # (B, S, D)
+    bos = torch.tensor([[1], [4], [7]])  # (B, 1)
+
+    def keys(x: torch.Tensor, prefix: str, proj: str) -> torch.Tensor:
+        return x @ state[f"{prefix}.{proj}.weight"].T + state[f"{prefix}.{proj}.bias"]
+
+    with torch.no_grad():
+        cache = model.start_cache(memory)
+        for i, layer in enumerate(cache.layers):
+            assert layer.self_keys.shape == layer.self_values.shape == (3, 0, config.d_model)
+            for proj, got in (("wk", layer.cross_keys), ("wv", layer.cross_values)):
+                torch.testing.assert_close(got, keys(memory, f"decoder.layers.{i}.cross_attn", proj),
+                                           **FLOAT64_TOL)
+        model.decode_step(bos, cache)
+    embedded = state["tgt_embed.weight"][bos] * config.d_model**0.5 \
+        + torch.tensor([0.0, 1.0], dtype=torch.float64).repeat(config.d_model // 2)  # (B, 1, D)
+    assert all(layer.self_keys.shape == (3, 1, config.d_model) for layer in cache.layers)
+    for proj, got in (("wk", cache.layers[0].self_keys), ("wv", cache.layers[0].self_values)):
+        torch.testing.assert_close(got, keys(embedded, "decoder.layers.0.self_attn", proj), **FLOAT64_TOL)
 
 
 # --- which SDPA kernel runs -------------------------------------------------------------------
