@@ -14,7 +14,7 @@ finished one any more: a live log-probability only falls as it grows, so the mos
 score is its log-probability over lp at the length limit. With ``beam_size=1`` this is greedy
 decoding: the one extension kept is the most likely token, and EOS ends the search.
 
-Batched over B sources x k beams, as B·k rows: the cache (``seq2seq.decoding.NextToken``) is
+Batched over B sources x k beams, as B·k rows: the cache (``seq2seq.greedy.NextToken``) is
 expanded to B·k rows once, then after every step reordered by each surviving hypothesis's
 origin row (``index_select``); no Python loop runs over rows or beams.
 
@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from seq2seq.decoding import NextToken, check_arguments
+from seq2seq.greedy import NextToken, check_arguments
 
 BEAM_SIZE = 4  # section 6.1
 ALPHA = 0.6  # section 6.1

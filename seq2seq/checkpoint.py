@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from common.cli import first_line
 from common.config import TransformerConfig
 from common.weights import import_weights
 from variants import build
@@ -157,8 +158,8 @@ def load(path: str | os.PathLike) -> ModelFile:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises many kinds for a damaged archive
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"{path} is not a readable checkpoint (truncated or corrupt?): {reason}") from error
+        raise ValueError(f"{path} is not a readable checkpoint (truncated or corrupt?): "
+                         f"{first_line(error)}") from error
     problems = _problems(payload)
     if problems:
         raise ValueError(f"{path} is not a usable checkpoint:\n  " + "\n  ".join(problems))

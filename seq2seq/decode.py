@@ -16,16 +16,18 @@ from pathlib import Path
 
 import torch
 
-from common.cli import Parser, positive
+from common.cli import Parser, device_or_exit, positive
 from common.masks import padding_mask
 from seq2seq import tasks
 from seq2seq.checkpoint import build_model, load
-from seq2seq.decoding import greedy_decode
-from seq2seq.train import TaskData, accuracy_line, device_or_exit, held_out_accuracy, held_out_batch
+from seq2seq.evaluation import accuracy_line, held_out_accuracy, held_out_batch
+from seq2seq.greedy import greedy_decode
+from seq2seq.tasks import TaskData
 from variants import VARIANTS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options; a bad value is a one-line usage error (exit status 2)."""
     parser = Parser(prog="python -m seq2seq.decode",
                     description="Decode held-out sequences greedily with a saved model and report "
                                 "exact-sequence accuracy.")

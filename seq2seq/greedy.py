@@ -1,5 +1,6 @@
-"""Greedy decoding through the interface every variant shares, with a key/value cache where the
-model has one.
+"""Greedy decoding (``greedy_decode``) through the interface every variant shares, with a
+key/value cache where the model has one; the next-token step it shares with beam search
+(``NextToken``), and the argument checks both run (``check_arguments``).
 
     tokens = greedy_decode(model.eval(), src, padding_mask(src, pad_id),
                            max_len=20, bos_id=1, eos_id=2)  # (B, L), L <= 20

@@ -1,10 +1,13 @@
-"""Synthetic sequence-to-sequence tasks: copy and reverse random token sequences.
+"""Synthetic sequence-to-sequence tasks (copy and reverse random token sequences) and the
+training stream that draws them (``TaskData``, ``TaskBatches``, ``task_batches``).
 
     generator = torch.Generator().manual_seed(0)
     src, tgt = sample_batch("reverse", 32, vocab_size=13, min_len=1, max_len=10,
                             generator=generator)
     # src (32, 10): x1 .. xn PAD ..          n uniform in [min_len, max_len]
     # tgt (32, 12): BOS xn .. x1 EOS PAD ..  (copy: BOS x1 .. xn EOS PAD ..)
+    batches = TaskBatches(TaskData("reverse", 32, vocab_size=13, min_len=1, max_len=10, seed=0))
+    src, tgt = next(batches)                 # a fresh batch each time, the same ones per seed
 
 Ids 0, 1, 2 are reserved for PAD, BOS and EOS (PAD is ``TransformerConfig.pad_id``'s default);
 content tokens are drawn uniformly from [3, vocab_size). The same generator state gives the
@@ -15,6 +18,8 @@ Shape legend:
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -73,3 +78,55 @@ def check_settings(task: object, batch_size: object, *, vocab_size: object, min_
         )
     if min_len > max_len:
         raise ValueError(f"min_len ({min_len}) must not exceed max_len ({max_len})")
+
+
+# --- the training stream -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """The training stream's settings: each step draws ``batch_size`` fresh pairs of ``task``."""
+
+    task: str
+    batch_size: int  # sequences per step, all processes together
+    vocab_size: int  # PAD, BOS and EOS included
+    min_len: int  # shortest source
+    max_len: int  # longest source
+    seed: int  # the stream's generator
+
+    def __post_init__(self) -> None:
+        check_settings(self.task, self.batch_size, **self.shape())
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
+
+    def shape(self) -> dict[str, int]:
+        """The ``vocab_size``, ``min_len`` and ``max_len`` keywords of the task functions."""
+        return dict(vocab_size=self.vocab_size, min_len=self.min_len, max_len=self.max_len)
+
+
+class TaskBatches:
+    """An endless stream of fresh ``sample_batch`` batches from one seeded generator.
+
+    ``generator``'s state is the stream's position: a checkpoint saves it, so a resumed run
+    draws the batches the uninterrupted run would have drawn.
+    """
+
+    def __init__(self, data: TaskData) -> None:
+        if not isinstance(data, TaskData):
+            raise TypeError(f"data must be a TaskData, got {type(data).__name__}")
+        self.data = data
+        self.generator = torch.Generator().manual_seed(data.seed)
+
+    def __iter__(self) -> TaskBatches:
+        return self
+
+    def __next__(self) -> tuple[Tensor, Tensor]:
+        return sample_batch(self.data.task, self.data.batch_size, generator=self.generator,
+                            **self.data.shape())
+
+
+def task_batches(
+    task: str, batch_size: int, *, vocab_size: int, min_len: int, max_len: int, seed: int
+) -> TaskBatches:
+    """An endless, seeded stream of fresh ``sample_batch`` batches: ``TaskBatches`` of these settings."""
+    return TaskBatches(TaskData(task, batch_size, vocab_size, min_len, max_len, seed))

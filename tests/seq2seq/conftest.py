@@ -12,7 +12,9 @@ from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.weights import export_weights, import_weights
 from seq2seq import tasks
-from seq2seq.train import Recipe, task_batches, train
+from seq2seq.recipe import Recipe
+from seq2seq.tasks import task_batches
+from seq2seq.trainer import train
 from variants import build
 
 

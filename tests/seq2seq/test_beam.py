@@ -15,9 +15,9 @@ from common.masks import decoder_mask, padding_mask
 from common.weights import import_weights
 from seq2seq import tasks
 from seq2seq.beam import beam_search, length_penalty
-from seq2seq.decoding import greedy_decode
-from tests.helpers import FLOAT64_TOL, REFERENCE, random_canonical
-from variants import build
+from seq2seq.greedy import greedy_decode
+from tests.helpers import FLOAT64_TOL, random_canonical
+from variants import REFERENCE, build
 
 PAD, BOS, EOS = 0, 1, 2
 

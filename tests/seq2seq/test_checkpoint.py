@@ -23,7 +23,9 @@ from seq2seq.checkpoint import (
     load_checkpoint,
     save,
 )
-from seq2seq.train import Recipe, Trainer, task_batches
+from seq2seq.recipe import Recipe
+from seq2seq.tasks import task_batches
+from seq2seq.trainer import Trainer
 from tests.helpers import small_config
 from variants import build
 

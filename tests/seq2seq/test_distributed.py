@@ -33,7 +33,9 @@ from seq2seq.distributed import (
     shard,
     sum_over_ranks,
 )
-from seq2seq.train import Recipe, Trainer, seed_dropout, task_batches, train
+from seq2seq.recipe import Recipe
+from seq2seq.tasks import task_batches
+from seq2seq.trainer import Trainer, seed_dropout, train
 from tests.helpers import small_config
 from variants import VARIANTS, build
 

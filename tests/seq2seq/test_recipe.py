@@ -1,7 +1,9 @@
-"""One training step against a teacher-forcing loss written out here, and ``train`` in train mode.
+"""The paper's recipe: the learning-rate schedule, Adam's settings, the smoothed loss and the
+sums DDP reduces, the recipe's validation, and one training step against a teacher-forcing
+loss written out here.
 
-The lockstep test in test_training.py runs ``train`` on both sides; here the expected loss
-shares no code with ``seq2seq.train`` or ``common.masks``: the target shift, both masks, the
+The lockstep test in test_trainer.py runs ``train`` on both sides; here the expected loss
+shares no code with ``seq2seq.recipe`` or ``common.masks``: the target shift, both masks, the
 paper's label smoothing and the padding rule are spelled out below.
 """
 
@@ -11,12 +13,87 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from common.weights import export_gradients, export_weights
 from seq2seq import tasks
-from seq2seq.train import Recipe, make_optimizer, train, train_step
+from seq2seq.recipe import Recipe, learning_rate, make_optimizer, smoothed_loss_sum, train_step
+from seq2seq.tasks import task_batches
+from seq2seq.trainer import train
 from tests.helpers import FLOAT64_TOL, small_config
 from variants import VARIANTS, build
+
+# --- schedule, Adam, loss -----------------------------------------------------------------
+
+
+def test_learning_rate_is_equation_3():
+    d_model, warmup = 64, 100
+    assert learning_rate(1, d_model, warmup) == pytest.approx(64**-0.5 * 100**-1.5)
+    assert learning_rate(100, d_model, warmup) == pytest.approx(64**-0.5 * 100**-0.5)  # the peak
+    assert learning_rate(400, d_model, warmup) == pytest.approx(64**-0.5 * 400**-0.5)
+    assert learning_rate(50, d_model, warmup, factor=2.0) == pytest.approx(2 * 64**-0.5 * 50e-3)
+    rates = [learning_rate(step, d_model, warmup) for step in range(1, 300)]
+    assert max(rates) == rates[99]
+    with pytest.raises(ValueError, match="step"):
+        learning_rate(0, d_model, warmup)
+
+
+def test_optimizer_is_adam_with_the_papers_settings_and_schedule():
+    config = small_config(dropout=0.0)
+    model = build("torch", config, seed=0)
+    optimizer, scheduler = make_optimizer(model, Recipe(warmup=5, lr_factor=2.0))
+    assert isinstance(optimizer, torch.optim.Adam)
+    group = optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+    batches = task_batches("copy", 4, vocab_size=19, min_len=1, max_len=6, seed=0)
+    used = []
+    for _ in range(8):
+        used.append(optimizer.param_groups[0]["lr"])
+        train_step(model, optimizer, scheduler, *next(batches), label_smoothing=0.1)
+    assert used == pytest.approx([learning_rate(step, 32, 5, 2.0) for step in range(1, 9)])
+
+
+def test_smoothed_loss_against_torch_cross_entropy():
+    generator = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(3, 5, 11, generator=generator, dtype=torch.float64).log_softmax(-1)
+    target = torch.randint(1, 11, (3, 5), generator=generator)
+    target[1, 3:] = 0
+    target[2, 1:] = 0
+    flat = log_probs.flatten(0, 1), target.flatten()
+    total, tokens = smoothed_loss_sum(log_probs, target, 0, 0.0)
+    torch.testing.assert_close(total / tokens, F.nll_loss(*flat, ignore_index=0))
+    # cross_entropy re-normalises its input, a no-op on log-probs
+    total, tokens = smoothed_loss_sum(log_probs, target, 0, 0.1)
+    torch.testing.assert_close(total / tokens, F.cross_entropy(*flat, ignore_index=0, label_smoothing=0.1))
+
+
+def test_loss_sums_add_up_over_shards_and_give_the_mean():
+    """What DDP's reduction rests on: per-shard sums and counts add up to the batch's, while
+    per-shard means, averaged, are not the batch's mean when the shards hold unequal numbers of
+    real tokens."""
+    generator = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(5, 6, 11, generator=generator, dtype=torch.float64).log_softmax(-1)
+    target = torch.randint(1, 11, (5, 6), generator=generator)
+    target[0, 1:] = 0  # shard 0 (rows 0-2) holds fewer real tokens than shard 1 (rows 3-4)
+    total, tokens = smoothed_loss_sum(log_probs, target, 0, 0.1)
+    assert tokens == (target != 0).sum()
+    torch.testing.assert_close(total / tokens, F.cross_entropy(log_probs.flatten(0, 1), target.flatten(),
+                                                               ignore_index=0, label_smoothing=0.1))
+    shards = [smoothed_loss_sum(log_probs[rows], target[rows], 0, 0.1) for rows in (slice(0, 3), slice(3, 5))]
+    torch.testing.assert_close(sum(t for t, _ in shards) / sum(n for _, n in shards), total / tokens)
+    assert abs(sum(t / n for t, n in shards) / 2 - total / tokens) > 1e-3
+
+
+def test_bad_recipe_values_are_named():
+    for changes, field in ((dict(warmup=0), "warmup"), (dict(lr_factor=0.0), "lr_factor"),
+                           (dict(label_smoothing=1.0), "label_smoothing")):
+        with pytest.raises(ValueError, match=field):
+            Recipe(**changes)
+
+
+# --- one step against the written-out loss -------------------------------------------------
+
 
 SMOOTHING = 0.1  # the paper's epsilon_ls
 
@@ -97,16 +174,3 @@ def test_train_uses_the_recipes_smoothing_and_the_configs_padding():
     expected = teacher_forcing_loss(copy.deepcopy(model), src, tgt, config.pad_id, 0.3)
     (loss,) = train(model, iter([(src, tgt)]), steps=1, recipe=Recipe(label_smoothing=0.3))
     assert loss == pytest.approx(expected.item(), rel=1e-12)
-
-
-def test_train_runs_every_step_in_train_mode(variant):
-    """A model handed over in eval mode trains in train mode (dropout on): every forward and
-    every step report see ``training``, and the model is left in train mode."""
-    config = small_config(dropout=0.1)
-    model = build(variant, config, seed=0).eval()
-    forward_modes, step_modes = [], []
-    model.register_forward_pre_hook(lambda module, args: forward_modes.append(module.training))
-    batches = (task_batch(config.pad_id, seed) for seed in range(3))
-    train(model, batches, steps=3, on_step=lambda report: step_modes.append(model.training))
-    assert forward_modes == [True] * 3 and step_modes == [True] * 3
-    assert model.training and all(module.training for module in model.modules())

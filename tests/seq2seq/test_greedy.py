@@ -12,9 +12,9 @@ from torch import nn
 from common.config import TransformerConfig
 from common.masks import decoder_mask
 from seq2seq import tasks
-from seq2seq.decoding import greedy_decode
-from tests.helpers import REFERENCE, small_config
-from variants import build
+from seq2seq.greedy import greedy_decode
+from tests.helpers import small_config
+from variants import REFERENCE, build
 
 PAD, BOS, EOS = 0, 1, 2
 

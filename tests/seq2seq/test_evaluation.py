@@ -1,4 +1,5 @@
-"""The held-out accuracy that the training CLI reports, on a model whose answers are scripted.
+"""Held-out evaluation: the held-out set is no training batch, and the accuracy the command
+lines report, on a model whose answers are scripted.
 
 ``ScriptedModel`` decodes, for each source row, exactly the tokens that row lists (it reads
 them from the source), so every row's greedy output, and so the right accuracy, is known here.
@@ -11,8 +12,8 @@ import torch
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
-from seq2seq.tasks import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.train import exact_match_accuracy
+from seq2seq.evaluation import exact_match_accuracy, held_out_batch
+from seq2seq.tasks import BOS_ID, EOS_ID, PAD_ID, task_batches
 
 VOCAB = 8
 A, B, C, D = 3, 4, 5, 6  # content tokens; 0, 1, 2 are PAD, BOS, EOS
@@ -91,3 +92,12 @@ def test_decodes_in_eval_mode_and_restores_the_mode(training):
     exact_match_accuracy(model, *scripted_batch(list(ROWS)), batch_size=3)
     assert model.decoded_in_training and not any(model.decoded_in_training)
     assert model.training is training
+
+
+def test_held_out_batch_is_no_training_batch():
+    shape = dict(vocab_size=13, min_len=1, max_len=10)
+    src, tgt = held_out_batch("reverse", 64, seed=0, **shape)
+    assert torch.equal(src, held_out_batch("reverse", 64, seed=0, **shape)[0])
+    first_training = next(task_batches("reverse", 64, seed=0, **shape))
+    assert not torch.equal(src, first_training[0])
+    assert tgt.shape == first_training[1].shape

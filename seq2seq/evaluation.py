@@ -1,0 +1,67 @@
+"""Held-out evaluation: a held-out set no training stream draws (``held_out_batch``), the share
+of its rows that greedy decoding gets exactly right (``exact_match_accuracy``,
+``held_out_accuracy``), and the line the command lines report it in (``accuracy_line``).
+
+    src, tgt = held_out_batch("copy", 500, vocab_size=10, min_len=1, max_len=8, seed=0)
+    accuracy = exact_match_accuracy(model, src, tgt)   # in [0, 1]
+
+Decoding runs in eval mode (no dropout) and leaves the model's mode as it found it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from common.masks import padding_mask
+from seq2seq.greedy import greedy_decode
+from seq2seq.tasks import BOS_ID, EOS_ID, TaskData, sample_batch
+
+HELD_OUT_SEED_OFFSET = 2**31  # the held-out generator's seed is the training stream's plus this
+
+
+def held_out_batch(
+    task: str, size: int, *, vocab_size: int, min_len: int, max_len: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """``size`` (src, tgt) pairs from a generator other than the training stream's of ``seed``.
+
+    Its seed is ``seed + 2**31``: torch's CPU generator keeps only a seed's low 32 bits (so
+    ``2**62 + seed`` would replay the training stream), and this offset changes them.
+    """
+    generator = torch.Generator().manual_seed(seed + HELD_OUT_SEED_OFFSET)
+    return sample_batch(task, size, vocab_size=vocab_size, min_len=min_len, max_len=max_len,
+                        generator=generator)
+
+
+def held_out_accuracy(model: nn.Module, data: TaskData, size: int) -> float:
+    """``exact_match_accuracy`` on ``size`` held-out pairs of the task ``data`` trains on."""
+    src, tgt = held_out_batch(data.task, size, seed=data.seed, **data.shape())
+    return exact_match_accuracy(model, src, tgt)
+
+
+def exact_match_accuracy(model: nn.Module, src: Tensor, tgt: Tensor, batch_size: int = 256) -> float:
+    """Share of rows whose greedy decoding equals the target exactly (BOS .. EOS, then padding).
+
+    Decodes in eval mode (no dropout); the model's mode is restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    pad_id, max_len = model.config.pad_id, tgt.shape[1]
+    correct = 0
+    for first in range(0, src.shape[0], batch_size):
+        src_part = src[first:first + batch_size].to(device)
+        tgt_part = tgt[first:first + batch_size].to(device)
+        decoded = greedy_decode(model, src_part, padding_mask(src_part, pad_id), max_len=max_len,
+                                bos_id=BOS_ID, eos_id=EOS_ID)  # (B, L), L <= max_len
+        # decoding stops early once every row has ended; the rest is padding
+        decoded = nn.functional.pad(decoded, (0, max_len - decoded.shape[1]), value=pad_id)
+        correct += int((decoded == tgt_part).all(dim=1).sum())
+    model.train(was_training)
+    return correct / src.shape[0]
+
+
+def accuracy_line(accuracy: float, size: int, task: str) -> str:
+    """The held-out report line that ``python -m seq2seq.train`` and ``seq2seq.decode`` print."""
+    return (f"held-out exact-sequence accuracy: {accuracy:.1%} "
+            f"({round(accuracy * size)}/{size} {task} sequences, greedy)")

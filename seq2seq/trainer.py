@@ -1,0 +1,159 @@
+"""A training run: ``Trainer`` holds one in progress (model, Adam and its schedule, the batch
+stream, the steps done) and checkpoints and restores it exactly; ``train`` runs a fresh one;
+``seed_dropout`` gives each process its own dropout stream.
+
+    data = TaskData("copy", 64, vocab_size=10, min_len=1, max_len=8, seed=0)
+    trainer = Trainer(model, TaskBatches(data), Recipe(warmup=100))
+    losses = trainer.run(800)                 # one loss per step; the model is left in train mode
+    save(trainer.checkpoint("explicit"), checkpoint_path("runs/a", trainer.step))
+
+Under torchrun each process trains on its shard of every batch and DDP averages the gradients
+(``seq2seq.distributed``); the update equals one process's on the whole batch. Checkpoints
+(``seq2seq.checkpoint``) resume a run exactly. Prints nothing: ``python -m seq2seq.train`` is
+the command line over this.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from common.weights import export_weights, import_weights
+from seq2seq import distributed
+from seq2seq.checkpoint import Checkpoint, capture_rng, check_resumable, restore_rng
+from seq2seq.distributed import SINGLE, World
+from seq2seq.recipe import Recipe, StepReport, make_optimizer, train_step
+from seq2seq.tasks import TaskBatches
+
+
+class Trainer:
+    """A training run in progress: the model, Adam and its schedule, the batch stream, the steps
+    done, and how each step is spread over processes. ``checkpoint`` captures all of it and
+    ``restore`` puts it back, so a resumed run continues exactly.
+
+    Every rank draws the same whole batch from ``batches`` and trains on its shard
+    (``distributed.shard``); ``world`` is this process's place (``distributed.SINGLE`` for one).
+    Under several processes the model is wrapped in DDP here, which copies rank 0's weights to
+    every rank. Dropout draws from torch's global RNG: seed it per rank (``seed_dropout``).
+    """
+
+    def __init__(self, model: nn.Module, batches: Iterator[tuple[Tensor, Tensor]],
+                 recipe: Recipe | None = None, *, world: World = SINGLE, bf16: bool = False) -> None:
+        if not isinstance(world, World):
+            raise TypeError(f"world must be a distributed.World, got {type(world).__name__}")
+        if not isinstance(bf16, bool):
+            raise TypeError(f"bf16 must be a bool, got {type(bf16).__name__}")
+        self.model = model
+        self.batches = batches
+        self.recipe = recipe or Recipe()
+        self.world = world
+        self.bf16 = bf16
+        self.device = next(model.parameters()).device
+        self.optimizer, self.scheduler = make_optimizer(model, self.recipe)
+        self.replica = distributed.replicate(model, world)  # what runs the steps
+
+    @property
+    def step(self) -> int:
+        """Optimiser steps done."""
+        return self.scheduler.last_epoch
+
+    def run(self, steps: int, on_step: Callable[[StepReport], None] | None = None) -> list[float]:
+        """Train until ``steps`` steps are done in all; returns the loss of each step taken.
+
+        Puts the model in train mode (dropout on, if the config has any) and leaves it there.
+        ``on_step`` sees a ``StepReport`` after each step, on every rank (losses and token
+        counts are the whole batch's, the same on every rank).
+        """
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        if steps < self.step:
+            raise ValueError(f"steps ({steps}) is below the {self.step} steps already done")
+        pad_id = self.model.config.pad_id
+        self.replica.train()
+        losses = []
+        start = time.perf_counter()
+        while self.step < steps:
+            src, tgt = next(self.batches)  # the whole batch, the same on every rank
+            tokens = int((src != pad_id).sum() + (tgt[:, 1:] != pad_id).sum())
+            src, tgt = (distributed.shard(t, self.world).to(self.device) for t in (src, tgt))
+            lr = self.scheduler.get_last_lr()[0]
+            loss = float(train_step(self.replica, self.optimizer, self.scheduler, src, tgt,
+                                    self.recipe.label_smoothing, world=self.world, bf16=self.bf16))
+            losses.append(loss)
+            if on_step is not None:
+                on_step(StepReport(self.step, steps, loss, lr, tokens, time.perf_counter() - start))
+        return losses
+
+    def settings(self) -> dict[str, object]:
+        """What a resumed run must share with this one besides the variant and config."""
+        if not isinstance(self.batches, TaskBatches):
+            raise TypeError("checkpoints need a TaskBatches stream (its position is saved), "
+                            f"got {type(self.batches).__name__}")
+        return {"data": dataclasses.asdict(self.batches.data),
+                "recipe": dataclasses.asdict(self.recipe), "bf16": self.bf16}
+
+    def checkpoint(self, variant: str) -> Checkpoint | None:
+        """This run's state, named as ``variant``'s, on rank 0; ``None`` on other ranks.
+
+        Every rank must call it: it gathers each rank's RNG state to rank 0.
+        """
+        settings = self.settings()
+        rng = distributed.gather_to_main(capture_rng(self.device), self.world)
+        if not self.world.is_main:
+            return None
+        return Checkpoint(
+            variant=variant, config=self.model.config, settings=settings,
+            weights=export_weights(self.model), step=self.step,
+            optimizer=copy.deepcopy(self.optimizer.state_dict()),
+            scheduler=copy.deepcopy(self.scheduler.state_dict()),
+            rng=tuple(rng), data_rng=self.batches.generator.get_state(),
+        )
+
+    def restore(self, checkpoint: Checkpoint, variant: str) -> None:
+        """Continue from ``checkpoint``: weights, Adam, schedule, batch stream and this rank's RNG.
+
+        Refused with a ``ValueError`` naming every difference, before anything changes, unless
+        it was written by a run of ``variant`` with this config and these settings on as many
+        processes.
+        """
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"checkpoint must be a Checkpoint, got {type(checkpoint).__name__}")
+        check_resumable(checkpoint, variant=variant, config=self.model.config,
+                        settings=self.settings(), processes=self.world.size)
+        import_weights(self.model, checkpoint.weights, config=checkpoint.config)
+        self.optimizer.load_state_dict(checkpoint.optimizer)
+        self.scheduler.load_state_dict(checkpoint.scheduler)
+        self.batches.generator.set_state(checkpoint.data_rng)
+        restore_rng(checkpoint.rng[self.world.rank], self.device)
+
+
+def train(
+    model: nn.Module,
+    batches: Iterator[tuple[Tensor, Tensor]],
+    steps: int,
+    recipe: Recipe | None = None,
+    on_step: Callable[[StepReport], None] | None = None,
+    *,
+    world: World = SINGLE,
+    bf16: bool = False,
+) -> list[float]:
+    """Train ``model`` for ``steps`` steps on (src, tgt) batches; returns the loss of each step.
+
+    A fresh ``Trainer``'s ``run``: puts the model in train mode and leaves it there; batches
+    are moved to the model's device; ``on_step`` sees a ``StepReport`` after each step.
+    """
+    return Trainer(model, batches, recipe, world=world, bf16=bf16).run(steps, on_step)
+
+
+DROPOUT_SEED_OFFSET = 2**30
+
+
+def seed_dropout(seed: int, world: World = SINGLE) -> None:
+    """Seed torch's global RNG (dropout) with ``seed + 2**30 + rank``: each rank its own stream,
+    none of them the batch stream's (seed) or the held-out set's (seed + 2**31)."""
+    torch.manual_seed(seed + DROPOUT_SEED_OFFSET + world.rank)
