@@ -3,13 +3,15 @@
 For each block (device x dtype x shape), one table of at most 120 characters with a row per
 variant: parameters; forward, train-step and greedy-decoding speed, each against the ``torch``
 row; the train step's share of the matmul peak and its peak memory; the largest log-probability
-difference from ``torch``. ``--wide`` shows every column and also times greedy decoding by full
-recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws the times.
+difference from ``torch``. ``--wide`` shows every column; ``--all-decoders`` also times greedy
+decoding by full recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws
+the times.
 
     python compare.py                                   # small preset, CPU, float32 (< 60 s)
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
+    python compare.py --all-decoders --wide             # every decoder, every column
 
 This file is the command line only: options -> ``benchmarks.settings.Settings`` ->
 ``benchmarks.run.run`` -> ``benchmarks.render.render``. The method is in ``benchmarks/``.
@@ -29,7 +31,7 @@ from benchmarks.render import FORMATS, render
 from benchmarks.run import run
 from benchmarks.settings import Settings
 from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
-from common.cli import Parser, config_or_exit, positive
+from common.cli import Parser, config_or_exit, device_or_exit, positive
 from variants import VARIANTS, ordered, variant_argument
 
 
@@ -76,9 +78,11 @@ def command_line() -> Parser:
     parser.add_argument("--decode-len", type=positive(int), default=16, metavar="L",
                         help="greedy-decoding length incl. BOS for the decode column; 1 skips it "
                              "(default 16)")
-    parser.add_argument("--wide", action="store_true", help="show every column (the default table "
-                        "is the compact one), and also time greedy decoding by full recompute and "
-                        "beam-4 search")
+    parser.add_argument("--wide", action="store_true",
+                        help="show every column (the default table is the compact one)")
+    parser.add_argument("--all-decoders", action="store_true",
+                        help="beside cached greedy decoding, also time greedy decoding by full "
+                             "recompute and beam-4 search (their columns are in --wide and json/csv)")
     parser.add_argument("--no-torch-fast-path", action="store_true",
                         help="turn off nn.Transformer's fused eval kernels (torch.backends.mha)")
     parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
@@ -103,9 +107,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         check_lengths(config, shapes, args.decode_len)
     except ValueError as error:
         parser.error(str(error))
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: CUDA is not available here "
-                     f"(torch {torch.__version__}, cuda {torch.version.cuda})")
+    if args.device == "cuda":
+        device_or_exit(parser, args.device)
     if args.freeze and not args.compile:
         parser.error("--freeze is an option of --compile; give both")
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
@@ -120,7 +123,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         dtypes=tuple(args.dtype), variants=ordered(args.variants),
         autocast=args.autocast, compile=args.compile, freeze=args.freeze, threads=args.threads,
         rounds=args.rounds, min_run_time=args.min_run_time, decode_len=args.decode_len,
-        all_decoders=args.wide,
+        all_decoders=args.all_decoders,
         seed=args.seed, keep_freed_memory=args.malloc == "keep",
         torch_fast_path=not args.no_torch_fast_path, show_progress=not args.quiet,
         command=" ".join(["compare.py", *(sys.argv[1:] if argv is None else argv)]),

@@ -1,17 +1,24 @@
-"""The measuring library behind ``python compare.py`` and the pytest-benchmark files beside it.
+"""The measuring library behind ``python compare.py``, and the pytest-benchmark timings.
 
 One job per module, in the order a run uses them:
 
-    workload   the presets, shapes and dtypes, and the FLOP count every row shares
-    steps      the timed steps (forward, forward + backward, greedy decoding) and autocast
-    settings   ``Settings``: everything one run is asked to do, frozen
-    measured   what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
-    timing     ``torch.utils.benchmark`` timers for the steps and the matmul peak
-    memory     the allocator policy and each step's peak memory
-    failures   telling an out-of-memory apart, and recovering from a failed step
-    report     measured rows -> the report (a dict, also the JSON output)
-    render     the report as tables (tabulate), JSON or CSV
-    run        ``run(settings) -> report``: the phases of a run, by name
+    workload       the presets, shapes and dtypes, the FLOP count every row shares, BOS and EOS
+    steps          the timed steps (forward, forward + backward, decoding), autocast, compiling
+    dropout_masks  the compile backend: inductor with dropout's masks drawn by aten
+    settings       ``Settings``: everything one run is asked to do, frozen
+    measured       what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
+    timing         ``torch.utils.benchmark`` timers for the steps and the matmul peak
+    memory         the allocator policy, each step's peak memory, the key/value cache's bytes
+    failures       telling an out-of-memory apart, and recovering from a failed step
+    report         measured rows -> the report (a dict, also the JSON output)
+    render         the report as tables (tabulate), JSON or CSV
+    plot           the report as a picture of relative times (compare.py --plot)
+    breakdown      one profiled train step's operator time, grouped by what they do
+    run            ``run(settings) -> report``: the phases of a run, by name
+
+The timings are ``bench_*.py`` (pytest-benchmark; ``pytest benchmarks/``, not run by a plain
+``pytest``). The programs that print (the time breakdown, the decode scan, ...) are in
+``scripts/``.
 
 Method:
 - one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);

@@ -2,10 +2,11 @@
 
     pytest benchmarks/bench_decode.py                     # CPU, and CUDA when present
 
-The decoders are compare.py --wide's (``benchmarks.steps.DECODE_MODES``): greedy with the key/value
-cache (the torch reference has none: it recomputes), greedy by full recompute, and beam search
-of 4. The library's small preset, the shared padded batch, random weights: no row ends early,
-so every call decodes ``MAX_LEN - 1`` positions per source. Speed is reported, never asserted.
+The decoders are those of compare.py --all-decoders (``benchmarks.steps.DECODE_MODES``): greedy
+with the key/value cache (the torch reference has none: it recomputes), greedy by full
+recompute, and beam search of 4. The library's small preset, the shared padded batch, random
+weights: no row ends early, so every call decodes ``MAX_LEN - 1`` positions per source. Speed is
+reported, never asserted.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.steps import DECODE_MODES, decode_steps
 from benchmarks.bench_speed import CONFIG, DEVICES, model_on, synchronised
+from benchmarks.steps import DECODE_MODES, decode_steps
 from common.batches import random_batch
-from variants import VARIANTS, build
+from variants import REFERENCE, VARIANTS, build
 
 SHAPES = [(8, 32)]  # (batch, src_len)
 MAX_LEN = 17  # ids per row, BOS included: 16 decoding steps
@@ -24,7 +25,7 @@ MAX_LEN = 17  # ids per row, BOS included: 16 decoding steps
 
 @pytest.fixture(scope="module")
 def reference() -> torch.nn.Module:
-    return build("torch", CONFIG, seed=0)
+    return build(REFERENCE, CONFIG, seed=0)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "B{}xS{}".format(*s))

@@ -5,8 +5,8 @@ and the suite's compiled steps (benchmarks.dropout_masks: masks from aten, multi
 
 One 1024 x 2048 float32 tensor (the base model's feed-forward activation at 8 x 128), p = 0.1,
 forward only. Alone, inductor's own masks are the cheapest; inside the base train step its
-mask kernels cost about twice as much per entry (docs/benchmarks.md, compiled training), which
-is why the suite's compiled steps draw them with aten.
+mask kernels cost more per entry than aten's (docs/benchmarks.md, compiled training), which is
+why the suite's compiled steps draw them with aten.
 """
 
 from __future__ import annotations

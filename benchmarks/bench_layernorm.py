@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from common.config import TransformerConfig
-from variants import VARIANTS, build
+from variants import REFERENCE, VARIANTS, build
 
 CONFIG = TransformerConfig(n_layers=1, src_vocab_size=10, tgt_vocab_size=10)  # d_model 512
 SHAPE = (8, 128, CONFIG.d_model)  # the base preset's 8 x 128 batch
@@ -25,7 +25,7 @@ SHAPE = (8, 128, CONFIG.d_model)  # the base preset's 8 x 128 batch
 def test_layernorm_forward_backward(benchmark, variant):
     model = build(variant, CONFIG, seed=0)
     # the encoder's final norm: every variant has one, reached through its own module tree
-    norm = model.get_submodule("transformer.encoder.norm" if variant == "torch" else "encoder.norm")
+    norm = model.get_submodule("transformer.encoder.norm" if variant == REFERENCE else "encoder.norm")
     x = torch.randn(SHAPE, requires_grad=True, generator=torch.Generator().manual_seed(0))
     grad = torch.randn(SHAPE, generator=torch.Generator().manual_seed(1))
     benchmark.group = f"LayerNorm forward + backward {SHAPE}"

@@ -20,7 +20,7 @@ from common.batches import random_batch
 from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
 from common.weights import transfer
-from variants import VARIANTS, build
+from variants import REFERENCE, VARIANTS, build
 
 CONFIG = TransformerConfig(**PRESETS["small"].fields)
 SHAPES = [(8, 32, 32), (4, 128, 128)]  # (batch, src_len, tgt_len)
@@ -33,7 +33,7 @@ DEVICES = [
 
 @pytest.fixture(scope="module")
 def reference() -> torch.nn.Module:
-    return build("torch", CONFIG, seed=0)
+    return build(REFERENCE, CONFIG, seed=0)
 
 
 def model_on(variant: str, device: str, reference: torch.nn.Module) -> torch.nn.Module:

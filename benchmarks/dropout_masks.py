@@ -3,15 +3,14 @@
     model = torch.compile(model, backend=inductor_with_aten_masks({}))
 
 On CPU, inductor draws a dropout mask inside its own fused kernels with one Philox engine per
-element. In the base model's train step those kernels cost about 12 ns per entry on two
-threads, against under 5 for ``torch.rand`` and a comparison, and the masks' extra cost was
-more than all that fusion saved: the compiled train step ran at 0.90-0.94x eager
-(docs/benchmarks.md, compiled training). This backend is inductor with one decomposition changed: on CPU,
-``aten.native_dropout`` becomes ``keep_mask`` (an op inductor cannot see into, so aten's
-generator fills the mask) and the same multiply as torch's own decomposition, which inductor
-still fuses into the kernels around it. The mask is saved for the backward, never drawn again.
-Other devices keep inductor's masks: on CUDA they are generated in the fused kernels at
-memory speed.
+element, which costs more per entry than ``torch.rand`` and a comparison; in the base model's
+train step the masks' extra cost was more than all that fusion saved, and the compiled step ran
+slower than eager (the numbers are in docs/benchmarks.md, compiled training). This backend is
+inductor with one decomposition changed: on CPU, ``aten.native_dropout`` becomes ``keep_mask``
+(an op inductor cannot see into, so aten's generator fills the mask) and the same multiply as
+torch's own decomposition, which inductor still fuses into the kernels around it. The mask is
+saved for the backward, never drawn again. Other devices keep inductor's masks: on CUDA they are
+generated in the fused kernels at memory speed.
 """
 
 from __future__ import annotations

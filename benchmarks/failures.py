@@ -7,6 +7,8 @@ import gc
 import torch
 from torch import nn
 
+from common.cli import error_line
+
 # torch.OutOfMemoryError is newer than torch.cuda.OutOfMemoryError (which it generalises): name
 # whichever this torch has, so catching an error never turns into an AttributeError.
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -20,12 +22,11 @@ def is_out_of_memory(error: BaseException) -> bool:
         and ("out of memory" in message or "can't allocate memory" in message))
 
 
-def describe(error: BaseException) -> str:
-    """"OOM", or the error's type and the start of its first line."""
+def failure_cell(error: BaseException) -> str:
+    """What a failed step's cell reads: "OOM", or the error's type and the start of its first line."""
     if is_out_of_memory(error):
         return "OOM"
-    first_line = (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {first_line[:160]}"
+    return error_line(error)[:160]
 
 
 def release(model: nn.Module | None, device: str) -> None:
@@ -38,6 +39,6 @@ def release(model: nn.Module | None, device: str) -> None:
 
 
 def recover(error: BaseException, model: nn.Module, device: str) -> str:
-    """After ``model``'s step raised ``error``: free what it held and say what went wrong."""
+    """After ``model``'s step raised ``error``: free what it held; return its cell's text."""
     release(model, device)
-    return describe(error)
+    return failure_cell(error)

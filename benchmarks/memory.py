@@ -17,11 +17,12 @@ from torch import nn
 def keep_freed_memory() -> str:
     """Make glibc keep freed memory for reuse instead of handing large buffers back to the OS.
 
-    By default glibc serves big allocations with mmap and unmaps them on free, so every step
-    of a model whose activations are megabytes page-faults all of them in again (3-18% of a
-    CPU train step here). With mmap off (M_MMAP_MAX=0) and a 2 GiB trim threshold, freed
-    activations stay in the heap and the next step reuses them; the price is a process that
-    holds on to its high-water mark. Returns a description for the header.
+    By default glibc serves big allocations with mmap and unmaps them on free, so every step of
+    a model whose activations are megabytes page-faults all of them in again (a measurable share
+    of a CPU train step: docs/benchmarks.md, Allocator). With mmap off (M_MMAP_MAX=0) and a
+    2 GiB trim threshold, freed activations stay in the heap and the next step reuses them; the
+    price is a process that holds on to its high-water mark. Returns a description for the
+    header.
     """
     if platform.libc_ver()[0] != "glibc":
         return "system malloc, untouched (not glibc)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from benchmarks.workload import REFERENCE
+from variants import REFERENCE
 
 EXTRA_HINT = "--plot needs matplotlib: pip install -e '.[plot]' (the plot extra)"
 PANELS = (("forward", "forward"), ("train", "train step"), ("decode", "greedy decode"))

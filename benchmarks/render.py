@@ -9,7 +9,7 @@ import json
 import tabulate as tabulate_module
 from tabulate import tabulate, tabulate_formats
 
-from benchmarks.workload import REFERENCE
+from variants import REFERENCE
 
 FORMATS = (*tabulate_formats, "json", "csv")
 
@@ -47,7 +47,7 @@ WIDE_COLUMNS = [  # compare.py --wide: every column
     ("max |Δ logp|", "max_abs_dlogp", "{:.1e}"),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
     ("decode vs torch", "decode_vs_torch", "{:.2f}x"),
-    # with all_decoders (compare.py --wide): the other decoders, the cache's speed-up and size
+    # with all_decoders (compare.py --all-decoders): the other decoders, the cache's speed-up and size
     ("uncached tok/s", "decode_uncached_tokens_per_s", "{:,.0f}"),
     ("beam-4 tok/s", "beam_tokens_per_s", "{:,.0f}"),
     ("cache speed-up", "decode_cache_speedup", "{:.1f}x"),

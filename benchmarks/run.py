@@ -5,16 +5,17 @@
 
 Each block (a device, a dtype, a shape) builds a row per variant with the reference's weights,
 checks their log-probs against the reference, warms every step up, times the steps in
-interleaved rounds beside the matmul peak, then measures each step's peak memory.
+interleaved rounds beside the matmul peak, then measures each step's peak memory and the bytes
+of each key/value cache.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from time import perf_counter
 
 import torch
 from torch import Tensor
@@ -37,10 +38,10 @@ from benchmarks.steps import (
     is_training,
 )
 from benchmarks.timing import MatmulPeak, Peak, float32_matmul_precision, time_step
-from benchmarks.workload import DTYPES, REFERENCE, Shape, gemm_shapes, small_shape_warning
+from benchmarks.workload import DTYPES, Shape, gemm_shapes, small_shape_warning
 from common.batches import Batch, random_batch
 from common.weights import transfer
-from variants import build
+from variants import REFERENCE, build
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
     for row in timed:
         with phase(bar, f"{block.where}: {row.variant}: "
                         + ("compiling and warming up" if settings.compile else "warming up")):
-            warm_up(row, settings, block, reference_logp)
+            prepare(row, settings, block, reference_logp)
     del reference_logp
     peak = time_rounds(timed, settings, block, bar)
     with phase(bar, f"{block.where}: peak memory"):
@@ -159,32 +160,67 @@ def check_log_probs(rows: list[Row], block: Block) -> Tensor | None:
     return reference
 
 
-def warm_up(row: Row, settings: Settings, block: Block, reference_logp: Tensor | None) -> None:
-    """Build the row's steps and call each once; with compile, this is where compiling happens."""
+def prepare(row: Row, settings: Settings, block: Block, reference_logp: Tensor | None) -> None:
+    """Build the row's steps, warm them up and keep what their first calls tell (whose results
+    are freed on return, before any timing)."""
     row.steps = steps_for(row, settings, block)
-    started = time.perf_counter()
-    for mode in settings.modes:
+    first_calls = warm_up(row, settings.modes, block.device)
+    count_decoded_ids(row, first_calls)
+    if settings.compile:
+        record_compiled(row, first_calls, reference_logp)
+
+
+@dataclass(frozen=True)
+class FirstCall:
+    """A step's first call, the warm-up's: what it returned and how long it took."""
+
+    result: object
+    seconds: float
+
+
+def warm_up(row: Row, modes: tuple[str, ...], device: str) -> dict[str, FirstCall]:
+    """Call each of the row's steps once, so that timing starts warm (with compile, this is where
+    compiling happens); return the first calls by mode. A step that fails marks its cell."""
+    first_calls = {}
+    for mode in modes:
         row.model.train(is_training(mode))
+        started = perf_counter()
         try:
             result = row.steps[mode]()
-            if mode in DECODE_MODES:
-                row.decode_positions[mode] = result.shape[0] * (result.shape[1] - 1)
-            if mode == "decode":
-                with block.autocast():
-                    row.cache_bytes = cache_bytes(row.model, block.batch.src, block.batch.src_mask)
-            if settings.compile and mode == "forward" and reference_logp is not None:
-                row.max_abs_dlogp = (result.float() - reference_logp).abs().max().item()
+            if device == "cuda":
+                torch.cuda.synchronize()  # the kernels' time (compiled ones: their autotuning) too
         except Exception as error:
-            row.cells[mode].error = recover(error, row.model, block.device)
-        if mode == "train" and block.device == "cuda":
-            torch.cuda.synchronize()
-        if settings.compile and mode == "train":
-            row.compile_s = time.perf_counter() - started
+            row.cells[mode].error = recover(error, row.model, device)
+            continue
+        first_calls[mode] = FirstCall(result, perf_counter() - started)
+    return first_calls
+
+
+def count_decoded_ids(row: Row, first_calls: dict[str, FirstCall]) -> None:
+    """The target ids (BOS excluded) one call of each decode mode produces, from its first call's
+    (B, L) ids: decoding is deterministic, so every timed call produces as many."""
+    for mode in DECODE_MODES:
+        if mode in first_calls:
+            ids = first_calls[mode].result
+            row.decode_positions[mode] = ids.shape[0] * (ids.shape[1] - 1)
+
+
+# the modes whose step runs the compiled model (steps_for); the others run it eagerly
+COMPILED_MODES = ("forward", "train")
+
+
+def record_compiled(row: Row, first_calls: dict[str, FirstCall], reference_logp: Tensor | None) -> None:
+    """A compiled row's compile time, the first calls of its compiled steps (compiling and one
+    run each; None if one failed), and its compiled forward's log-probs against the reference's."""
+    if all(mode in first_calls for mode in COMPILED_MODES):
+        row.compile_s = sum(first_calls[mode].seconds for mode in COMPILED_MODES)
+    if "forward" in first_calls and reference_logp is not None:
+        row.max_abs_dlogp = (first_calls["forward"].result.float() - reference_logp).abs().max().item()
 
 
 def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[[], object]]:
-    """The row's timed calls by mode; with compile, forward and train run the compiled model and
-    the eager ones are kept beside them."""
+    """The row's timed calls by mode; with compile, ``COMPILED_MODES`` run the compiled model and
+    their eager steps are kept beside them."""
     model = compiled(row.model, settings.freeze) if settings.compile else row.model
     batch, autocast = block.batch, block.autocast
     steps = {"forward": forward_step(model, batch, autocast),
@@ -225,8 +261,9 @@ def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:
 
 
 def measure_memory(timed: list[Row], block: Block) -> None:
-    """Each row's weights plus the most its forward and train step hold at once; the profiles
-    also show whether nn.Transformer's fused fast path ran and which SDPA kernels did.
+    """Each row's weights plus the most its forward and train step hold at once, and its
+    key/value cache's bytes; the profiles also show whether nn.Transformer's fused fast path ran
+    and which SDPA kernels did.
 
     The train step is measured from a state without gradients, as a first step would be: with
     the timed steps' gradients alive, its own zero_grad(set_to_none=True) would free them at
@@ -248,3 +285,15 @@ def measure_memory(timed: list[Row], block: Block) -> None:
             if mode == "forward":
                 row.fast_path = bool(ops & TORCH_FAST_PATH_OPS)
         row.model.zero_grad(set_to_none=True)
+        if "decode" in row.cells and not row.cells["decode"].error:
+            measure_cache(row, block)
+
+
+def measure_cache(row: Row, block: Block) -> None:
+    """The bytes of the row's key/value cache (None without one), in the block's precision."""
+    row.model.eval()
+    try:
+        with block.autocast():
+            row.cache_bytes = cache_bytes(row.model, block.batch.src, block.batch.src_mask)
+    except Exception as error:
+        row.cells["decode"].error = recover(error, row.model, block.device)

@@ -28,7 +28,7 @@ class Settings:
     rounds: int = 3  # interleaved rounds over the variants, merged per cell
     min_run_time: float = 0.4  # seconds of blocked_autorange per cell and round
     decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column
-    all_decoders: bool = False  # also greedy by full recompute and beam 4 (compare.py --wide)
+    all_decoders: bool = False  # also greedy by full recompute and beam 4 (compare.py --all-decoders)
     seed: int = 0  # the weights' and the batch's seed
     keep_freed_memory: bool = True  # tell glibc to keep freed memory (memory.keep_freed_memory)
     torch_fast_path: bool = True  # let nn.Transformer use its fused eval kernels

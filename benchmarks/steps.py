@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.dropout_masks import inductor_with_aten_masks
-from benchmarks.workload import BOS_ID
+from benchmarks.workload import BOS_ID, eos_id
 from common.batches import Batch
 from seq2seq.beam import BEAM_SIZE, beam_search
-from seq2seq.decoding import greedy_decode
+from seq2seq.greedy import greedy_decode
 
 Autocast = Callable[[], contextlib.AbstractContextManager]  # a fresh precision region per call
 
@@ -80,12 +80,12 @@ def decode_step(model: nn.Module, batch: Batch, max_len: int,
                 ) -> Callable[[], Tensor]:
     """Greedy decoding of the batch's sources, ``max_len`` ids per row counting BOS; with the
     model's key/value cache where it has one, unless ``use_cache`` is False."""
-    eos_id = model.config.tgt_vocab_size - 1
+    eos = eos_id(model.config)
 
     def step() -> Tensor:
         with autocast():
             return greedy_decode(model, batch.src, batch.src_mask, max_len=max_len,
-                                 bos_id=BOS_ID, eos_id=eos_id, use_cache=use_cache)
+                                 bos_id=BOS_ID, eos_id=eos, use_cache=use_cache)
 
     return step
 
@@ -94,11 +94,11 @@ def beam_step(model: nn.Module, batch: Batch, max_len: int,
               autocast: Autocast = contextlib.nullcontext) -> Callable[[], Tensor]:
     """Beam search (beam 4, alpha 0.6) of the batch's sources: the best hypotheses' ids, at
     most ``max_len`` per row counting BOS."""
-    eos_id = model.config.tgt_vocab_size - 1
+    eos = eos_id(model.config)
 
     def step() -> Tensor:
         with autocast():
-            return beam_search(model, batch.src, batch.src_mask, bos_id=BOS_ID, eos_id=eos_id,
+            return beam_search(model, batch.src, batch.src_mask, bos_id=BOS_ID, eos_id=eos,
                                beam_size=BEAM_SIZE, max_len=max_len).tokens
 
     return step

@@ -10,9 +10,14 @@ import torch
 from common.config import PRESETS as NAMED_MODELS
 from common.config import TransformerConfig
 
-REFERENCE = "torch"  # the variant every row is checked and timed against
-BOS_ID = 1  # pad is 0 in every preset; EOS is the last target id
+BOS_ID = 1  # pad is 0 in every preset; EOS is the last target id (eos_id)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def eos_id(config: TransformerConfig) -> int:
+    """The id that ends a decoded sequence: the last target id. With the random weights a
+    benchmark runs, rows seldom choose it, so decoding runs to its length."""
+    return config.tgt_vocab_size - 1
 
 
 class Preset(NamedTuple):

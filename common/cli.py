@@ -1,5 +1,5 @@
 """What every command line here shares: one-line usage errors, one positive-number type, a
-usable device, the first line of an error, and turning the config's own validation into a
+usable device, an error in one line, and turning the config's own validation into a
 usage error.
 
     parser = Parser(prog="python -m seq2seq.train")
@@ -69,3 +69,10 @@ def first_line(error: BaseException) -> str:
     """The first non-empty line of an error's message, or its type's name when it has none."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return lines[0].strip() if lines else type(error).__name__
+
+
+def error_line(error: BaseException) -> str:
+    """``Type: first line`` of an error, or just ``Type`` when it has no message: one table cell or
+    one line of a report."""
+    name = type(error).__name__
+    return f"{name}: {first_line(error)}" if str(error).strip() else name

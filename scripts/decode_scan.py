@@ -1,11 +1,9 @@
-"""The decode scan's command (a program, like compare.py, not library code: it prints).
-
-How the key/value cache's speed-up grows with the length generated, from one run:
+"""How the key/value cache's speed-up grows with the length generated, from one run:
 
     python -m scripts.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
 
 greedy-decodes the batch's sources once with the cache and once by full recompute
-(``seq2seq.decoding.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
+(``seq2seq.greedy.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
 so that a busy machine slows both alike, and times every step. Both decode the same ids (the
 cached run's choices). A generation of L ids (BOS included) costs the sum of its first L - 1
 steps (encoding the source, the same for both, is left out), so one run gives the speed-up at
@@ -18,7 +16,6 @@ Speed is reported, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import time
@@ -28,17 +25,17 @@ from statistics import median
 import torch
 from tabulate import tabulate
 
-from benchmarks.workload import BOS_ID, PRESETS
+from benchmarks.workload import BOS_ID, PRESETS, eos_id
 from common.batches import random_batch
-from common.cli import positive
+from common.cli import Parser, positive
 from common.config import TransformerConfig
-from seq2seq.decoding import NextToken
-from variants import VARIANTS, build
+from seq2seq.greedy import NextToken
+from variants import FROM_SCRATCH, build
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
-    parser.add_argument("--variant", choices=[v for v in VARIANTS if v != "torch"], default="explicit")
+    parser = Parser(prog="python -m scripts.decode_scan", description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=FROM_SCRATCH, default="explicit")
     parser.add_argument("--preset", choices=list(PRESETS), default="base")
     parser.add_argument("--batch", type=positive(int), default=8)
     parser.add_argument("--src-len", type=positive(int), default=64)
@@ -56,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.ops:
         src, tgt, src_mask, _ = random_batch(config, args.batch, args.src_len, 2).inputs()
         counts = [[v, step_ops(build(v, config, seed=0).eval(), src, tgt, src_mask)]
-                  for v in VARIANTS if v != "torch"]
+                  for v in FROM_SCRATCH]
         print(f"operators of one cached step that run a kernel, preset {args.preset}, cpu, "
               f"batch {args.batch} x src {args.src_len}")
         print(tabulate(counts, ["variant", "operators"], tablefmt="github"))
@@ -116,7 +113,7 @@ def step_ops(model: torch.nn.Module, src: torch.Tensor, tgt: torch.Tensor, src_m
 def scan(model: torch.nn.Module, src: torch.Tensor, src_mask: torch.Tensor, max_len: int
          ) -> tuple[list[float], list[float]]:
     """Seconds of each greedy step, with the cache and by full recompute, interleaved."""
-    eos_id = model.config.tgt_vocab_size - 1  # as compare.py: random weights, so rows run to max_len
+    eos = eos_id(model.config)  # as compare.py's: random weights seldom choose it
     cached = NextToken(model, src, src_mask, use_cache=True)
     uncached = NextToken(model, src, src_mask, use_cache=False)
     tokens = torch.full((src.shape[0], 1), BOS_ID, dtype=torch.long)  # (B, 1)
@@ -129,7 +126,7 @@ def scan(model: torch.nn.Module, src: torch.Tensor, src_mask: torch.Tensor, max_
         uncached(tokens)
         uncached_s.append(time.perf_counter() - started)
         next_token = logp.argmax(dim=-1)  # (B,)
-        if (next_token == eos_id).any():
+        if (next_token == eos).any():
             raise RuntimeError("a row reached EOS: the steps would no longer match greedy_decode's")
         tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, L + 1)
     return cached_s, uncached_s

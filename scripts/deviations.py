@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from common.batches import random_batch
-from common.cli import Parser
+from common.cli import Parser, first_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.weights import export_weights, import_weights
@@ -204,7 +204,7 @@ def rows() -> list[tuple[str, str, str, str]]:
     try:
         half = max_delta(filled_with(-1e20, baseline(), torch.float16), reference)
     except RuntimeError as error:  # masked_fill refuses a value the dtype cannot hold
-        half = f"RuntimeError: {str(error).splitlines()[0]}"
+        half = f"RuntimeError: {first_line(error)}"
     add("2 einsum", "masked scores filled with -1e20", "filled with finfo(dtype).min",
         f"float64, with an all-padding source: {same}; float16: {half}")
 

@@ -3,9 +3,10 @@
 #   1. the machine and the torch it has;
 #   2. every CUDA test (pytest -m gpu);
 #   3. compare.py on the paper's base model at its default 8 x 128, float32 and bfloat16, every
-#      decode column (--wide), written as json (on an H200 this takes about 150 s; asking for
-#      2 x 512 as well ran past 250 s), then drawn as a PNG where matplotlib is installed;
-#   4. issue 17's GPU target: bfloat16 forward, train step and peak memory of every row at
+#      decoder (--all-decoders) and every column (--wide), written as json (on an H200 this takes
+#      about 150 s; asking for 2 x 512 as well ran past 250 s), then drawn as a PNG where
+#      matplotlib is installed;
+#   4. long sequences on the GPU: bfloat16 forward, train step and peak memory of every row at
 #      8 x 512 and 2 x 2048 (the same tokens per batch), with the SDPA kernel each row ran
 #      (--max-seq-len 2048: the sinusoid table has no weights, so the model is the same);
 #   5. where the base train step's GPU time goes, eager, float32 and bfloat16: a table and a PNG;
@@ -24,7 +25,7 @@ PYTHON=${PYTHON:-python3}
 timeout "${1:-120}" "$PYTHON" -m pytest -m gpu -q -p no:cacheprovider -rfEs >"$OUT/pytest_gpu.txt" 2>&1
 echo "pytest -m gpu: exit $?" | tee -a "$OUT/pytest_gpu.txt"
 
-timeout "${2:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype float32 bfloat16 --wide \
+timeout "${2:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype float32 bfloat16 --all-decoders --wide \
     --decode-len 64 --rounds 2 --min-run-time 0.2 --quiet \
     --format json --output "$OUT/compare_base.json" >"$OUT/compare_base.log" 2>&1
 echo "compare.py base: exit $?" | tee -a "$OUT/compare_base.log"

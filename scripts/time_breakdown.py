@@ -1,6 +1,4 @@
-"""The breakdown's command (a program, like compare.py, not library code: it prints).
-
-Where a train step's time goes, per variant: a table and a stacked-bar picture.
+"""Where a train step's time goes, per variant: a table and a stacked-bar picture.
 
     python -m scripts.time_breakdown --preset tiny --out breakdown.png
     python -m scripts.time_breakdown --preset base --dtypes float32 bfloat16 --steps eager compiled
@@ -14,7 +12,6 @@ each operator launched. Needs matplotlib for the picture: ``pip install -e ".[pl
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 
@@ -25,7 +22,7 @@ from benchmarks.breakdown import GROUPS, coverage, profile_train_step
 from benchmarks.plot import matplotlib_problem, path_problem
 from benchmarks.workload import DTYPES, PRESETS
 from common.batches import random_batch
-from common.cli import positive
+from common.cli import Parser, device_or_exit, positive
 from common.config import TransformerConfig
 from variants import VARIANTS, build
 
@@ -33,7 +30,7 @@ STEPS = ("eager", "compiled")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    parser = Parser(prog="python -m scripts.time_breakdown", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=list(PRESETS), default="tiny")
     parser.add_argument("--batch", type=positive(int), help="batch size (default: the preset's)")
     parser.add_argument("--length", type=positive(int),
@@ -53,24 +50,23 @@ def main(argv: list[str] | None = None) -> int:
     problem = args.out and (path_problem(args.out, "--out") or matplotlib_problem())
     if problem:
         parser.error(problem)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device cuda: CUDA is not available here (torch {torch.__version__})")
+    device = device_or_exit(parser, args.device)
     torch.set_num_threads(args.threads)
     fields, batch, length = PRESETS[args.preset]
     batch, length = args.batch or batch, args.length or length
     config = TransformerConfig(**fields)
-    data = random_batch(config, batch, length, length, device=args.device)
+    data = random_batch(config, batch, length, length, device=device)
     panels = {}  # (dtype, step) -> {variant: (total µs, {group: % of total})}
     for dtype, step in itertools.product(args.dtypes, args.steps):
         shares = {}
         for variant in args.variants:
-            model = build(variant, config, seed=0).to(args.device, DTYPES[dtype])
+            model = build(variant, config, seed=0).to(device, DTYPES[dtype])
             groups, total = profile_train_step(model, data, compile=step == "compiled",
                                                repeats=args.repeats)
             shares[variant] = (total, {g: 100 * t / total for g, t in groups.items()})
             shares[variant][1]["covered"] = coverage(groups, total)
         panels[dtype, step] = shares
-        where = f"cpu, {args.threads} threads" if args.device == "cpu" else torch.cuda.get_device_name()
+        where = f"cpu, {args.threads} threads" if device.type == "cpu" else torch.cuda.get_device_name()
         print(f"\ntrain step ({dtype}, {step}, {where}), preset {args.preset}, "
               f"batch {batch} x {length} x {length}: "
               + ("ms of profiled self time" if args.ms else "% of profiled self time"))

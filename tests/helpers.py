@@ -10,11 +10,9 @@ import torch
 
 from common.config import TransformerConfig
 from common.weights import canonical_shapes, import_weights, transfer
-from variants import VARIANTS, build
+from variants import REFERENCE, build
 
 FLOAT64_TOL = dict(atol=1e-10, rtol=0.0)
-REFERENCE = "torch"  # the row whose output is the expected value, never a subject beside itself
-SUBJECTS = tuple(name for name in VARIANTS if name != REFERENCE)
 
 
 def small_config(**changes) -> TransformerConfig:
@@ -45,8 +43,9 @@ def random_canonical(config: TransformerConfig, seed: int = 0) -> dict[str, torc
 
 
 def reference_and(name: str, config: TransformerConfig, seed: int = 0):
-    """A ``torch`` reference model with random weights, and variant ``name`` holding the same."""
-    reference = build("torch", config)
+    """The reference model (``variants.REFERENCE``) with random weights, and variant ``name``
+    holding the same."""
+    reference = build(REFERENCE, config)
     import_weights(reference, random_canonical(config, seed))
     model = build(name, config)
     transfer(reference, model)

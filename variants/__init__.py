@@ -7,6 +7,9 @@ With a seed, every variant imports the same canonical weights (``common.weights`
 variants built with one seed compute the same function. Besides the registered names, ``build``
 takes an outside class as ``package.module:ClassName`` or by the name a package registers it
 under in the entry-point group ``transformer_variants.variants`` (``variants.outside``).
+
+The registry names the rows once for every user: ``REFERENCE`` (the ``torch`` row),
+``FROM_SCRATCH`` (every other registered variant) and ``TEACHING`` (the three source styles).
 """
 
 from __future__ import annotations
@@ -21,18 +24,22 @@ from common.config import TransformerConfig
 from common.weights import import_weights, init_canonical
 from variants.outside import ENTRY_POINT_GROUP, SpecError, build_outside, import_class, registered
 
-__all__ = ["ENTRY_POINT_GROUP", "VARIANTS", "SpecError", "build", "ordered", "variant_argument",
-           "variant_class"]
+__all__ = ["ENTRY_POINT_GROUP", "FROM_SCRATCH", "REFERENCE", "TEACHING", "VARIANTS", "SpecError", "build",
+           "ordered", "variant_argument", "variant_class"]
 
+REFERENCE = "torch"  # torch.nn.Transformer in the shared embeddings: every other row is checked against it
 # name -> module holding that variant's ``Transformer``; the reference row comes last
 _MODULES = {
     "explicit": "variants.explicit",
     "einsum": "variants.einsum",
     "mathfirst": "variants.mathfirst",
     "fused": "variants.fused",
-    "torch": "variants.reference",
+    REFERENCE: "variants.reference",
 }
 VARIANTS: tuple[str, ...] = tuple(_MODULES)
+# every registered variant but the reference: written here, with a key/value cache of its own
+FROM_SCRATCH: tuple[str, ...] = tuple(name for name in VARIANTS if name != REFERENCE)
+TEACHING = ("explicit", "einsum", "mathfirst")  # one per source text; fused is the speed row
 
 
 def build(name: str, config: TransformerConfig, seed: int | None = None) -> nn.Module:

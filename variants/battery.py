@@ -17,14 +17,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.batches import Batch, random_batch
+from common.cli import error_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.probes import PointDifference, compare_points
 from common.weights import export_gradients, import_weights, init_canonical
-from variants import SpecError, build
+from variants import REFERENCE, SpecError, build
 
-REFERENCE = "torch"
-FROM_SCRATCH = ("explicit", "mathfirst")  # a fully masked row's expected value (the reference's is NaN)
+# whose output is a fully masked row's expected value (the reference's is NaN there, by design):
+# the first, or the second when the first is the one under check
+MASKED_ROW_EXPECTED = ("explicit", "mathfirst")
 CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=48, dropout=0.0, src_vocab_size=23,
                            tgt_vocab_size=19, max_seq_len=40)
 SHAPES = ((3, 7, 5), (2, 4, 9))  # (B, S, T): S > T and S < T; row r of a batch ends in r pads
@@ -122,7 +124,8 @@ def run_battery(spec: str, against: str = REFERENCE, seed: int = 0) -> list[Resu
     if spec == REFERENCE:
         skipped.append(Result("fully masked source row", None, detail="NaN in the reference, by design"))
     else:
-        masked_against = against if against != REFERENCE else next(v for v in FROM_SCRATCH if v != spec)
+        masked_against = (against if against != REFERENCE
+                          else next(v for v in MASKED_ROW_EXPECTED if v != spec))
         case = Case(masked_against, CONFIG, torch.float64, masked_batch(CONFIG, seed), FLOAT64)
         name = f"fully masked source row vs {masked_against}"
         checks.append((name, FLOAT64, partial(forward, spec, case, seed, name)))
@@ -152,8 +155,8 @@ def attempt(check: str, tolerance: Tolerance | None, run: Callable[[], Result]) 
     except SpecError:
         raise
     except Exception as error:
-        first = (str(error).strip().splitlines() or [""])[0]
-        return Result(check, False, None, str(tolerance or ""), f"{type(error).__name__}: {first}")
+        detail = error_line(error)
+        return Result(check, False, None, str(tolerance or ""), detail)
 
 
 def forward(spec: str, case: Case, seed: int, check: str) -> Result:

@@ -17,8 +17,8 @@ from tabulate import tabulate
 
 from common.cli import Parser
 from common.probes import first_divergence, number
-from variants import SpecError, variant_argument
-from variants.battery import CONFIG, REFERENCE, Result, locate, run_battery, short
+from variants import REFERENCE, SpecError, variant_argument
+from variants.battery import CONFIG, Result, locate, run_battery, short
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ import sys
 from torch import Tensor, nn
 
 from common import checks
+from common.cli import error_line
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.probes import resolve_probes
@@ -51,7 +52,7 @@ def import_class(spec: str) -> type[nn.Module]:
     try:
         module = importlib.import_module(module_name)
     except Exception as error:
-        raise SpecError(f"{spec}: cannot import {module_name} ({_one_line(error)})") from error
+        raise SpecError(f"{spec}: cannot import {module_name} ({error_line(error)})") from error
     cls = getattr(module, class_name, None)
     if cls is None:
         raise SpecError(f"{spec}: module {module_name} has no attribute {class_name}")
@@ -74,7 +75,7 @@ def build_outside(spec: str, cls: type[nn.Module], config: TransformerConfig) ->
     except NotImplementedError:
         raise  # the class says it does not support this config (pre-norm, say)
     except Exception as error:
-        raise SpecError(f"{spec}: {cls.__name__}(config) raised {_one_line(error)}") from error
+        raise SpecError(f"{spec}: {cls.__name__}(config) raised {error_line(error)}") from error
     if getattr(model, "config", None) is None:
         model.config = config
     if model.config != config:
@@ -136,8 +137,3 @@ class _ForwardOnly(EncoderDecoder):
 
 def _has_stages(cls: type) -> bool:
     return all(callable(getattr(cls, stage, None)) for stage in STAGES)
-
-
-def _one_line(error: BaseException) -> str:
-    first = (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {first}" if first else type(error).__name__

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.failures import describe
+from benchmarks.failures import failure_cell
 from benchmarks.render import render
 from benchmarks.run import run
 from benchmarks.settings import Settings
-from benchmarks.workload import PRESETS, REFERENCE, Shape, forward_flops
+from benchmarks.workload import BOS_ID, PRESETS, Shape, eos_id, forward_flops
 from common.batches import random_batch
 from common.config import TransformerConfig
 from compare import main, parse_args
-from variants import VARIANTS, build
+from variants import REFERENCE, VARIANTS, build
 
 ROOT = Path(__file__).resolve().parents[2]
 # one thread: the suite shares its cores with other processes, and OpenMP's second thread
@@ -68,7 +68,7 @@ def test_tiny_preset_agrees_with_torch_after_weight_transfer(tiny_report):
     for row in block["rows"]:
         if row["variant"] != REFERENCE:  # the reference row is the expected value, not a subject
             assert row["max_abs_dlogp"] is not None and row["max_abs_dlogp"] <= FLOAT32_ATOL, row["variant"]
-    reference = next(row for row in block["rows"] if row["variant"] == "torch")
+    reference = next(row for row in block["rows"] if row["variant"] == REFERENCE)
     assert reference["max_abs_dlogp"] == 0.0
     assert reference["forward_vs_torch"] == pytest.approx(1.0)
 
@@ -246,9 +246,9 @@ def test_settings_modes_follow_decode_and_compile():
 
 
 def test_failed_cells_read_oom_or_error_and_the_error_is_noted_under_the_table():
-    assert describe(torch.OutOfMemoryError("CUDA out of memory.")) == "OOM"
-    assert describe(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == "OOM"
-    assert describe(ValueError("bad mask\nand more")) == "ValueError: bad mask"
+    assert failure_cell(torch.OutOfMemoryError("CUDA out of memory.")) == "OOM"
+    assert failure_cell(RuntimeError("DefaultCPUAllocator: can't allocate memory")) == "OOM"
+    assert failure_cell(ValueError("bad mask\nand more")) == "ValueError: bad mask"
     rows = [{"variant": "explicit", "params": 10**6, "forward_error": "OOM", "train_error": None,
              "train_ms": 2.0, "train_iqr_ms": 0.25, "dlogp_error": None},
             {"variant": "torch", "params": 10**6, "forward_error": "ValueError: bad mask",
@@ -269,12 +269,13 @@ def test_failed_cells_read_oom_or_error_and_the_error_is_noted_under_the_table()
     assert "explicit forward:" not in text  # an OOM is said in its cell only
 
 
-# --- the decode columns (issue 13) -----------------------------------------------------------
+# --- the decode columns ----------------------------------------------------------------------
 
 
-def test_wide_times_every_decoder_beside_cached_greedy():
-    assert parse_args(["--preset", "tiny", "--wide"])[0].all_decoders
+def test_all_decoders_times_every_decoder_beside_cached_greedy_and_wide_only_widens():
+    assert parse_args(["--preset", "tiny", "--all-decoders"])[0].all_decoders
     assert not parse_args(["--preset", "tiny"])[0].all_decoders
+    assert not parse_args(["--preset", "tiny", "--wide"])[0].all_decoders  # more columns, same work
     assert tiny_settings(decode_len=4, all_decoders=True).modes == (
         "forward", "train", "decode", "decode_uncached", "beam")
     assert tiny_settings(decode_len=1, all_decoders=True).modes == ("forward", "train")
@@ -303,12 +304,19 @@ def test_decode_columns_rates_ratios_and_cache_bytes():
     assert "decode tok/s" in narrow and "uncached tok/s" not in narrow
 
 
+def test_decoding_ends_at_the_last_target_id():
+    config = TransformerConfig(**PRESETS["tiny"].fields)  # 1000 target ids
+    assert eos_id(config) == 999
+    assert eos_id(config.replace(tgt_vocab_size=40, src_vocab_size=40)) == 39
+    assert eos_id(config) != BOS_ID and config.pad_id not in (BOS_ID, eos_id(config))
+
+
 def titles(text: str) -> str:
     """The column titles' line of a rendered table."""
     return next(line for line in text.splitlines() if line.lstrip("| ").startswith("variant"))
 
 
-# --- the compact default table (issue 18) and the SDPA kernel each row ran (issue 17) ----------
+# --- the compact default table and the SDPA kernel each row ran -------------------------------
 
 COMPACT_TITLES = ["variant", "params M", "fwd ms", "×torch", "train ms", "×torch", "decode tok/s",
                   "×torch", "% peak", "peak MB", "max Δ logp"]

@@ -37,8 +37,8 @@ def test_out_of_memory_is_caught_on_a_torch_without_torch_out_of_memory_error(mo
     try:
         failures = importlib.reload(benchmarks.failures)
         assert failures.OUT_OF_MEMORY is torch.cuda.OutOfMemoryError
-        assert failures.describe(torch.cuda.OutOfMemoryError("CUDA out of memory.")) == "OOM"
-        assert failures.describe(ValueError("no")) == "ValueError: no"
+        assert failures.failure_cell(torch.cuda.OutOfMemoryError("CUDA out of memory.")) == "OOM"
+        assert failures.failure_cell(ValueError("no")) == "ValueError: no"
     finally:
         monkeypatch.undo()
         importlib.reload(benchmarks.failures)

@@ -1,6 +1,7 @@
 """What compare.py's numbers mean, checked against what they should be: the matmul peak is the
 best of the model's own GEMM shapes, the train step's peak memory counts weights, gradients and
-activations, and the SDPA kernel and CUDA notes are named (issues 17 and 18)."""
+activations, the compile time is the compiled steps' first calls, and the SDPA kernel and CUDA
+notes are named."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import contextlib
 import pytest
 import torch
 
+import benchmarks.run
 from benchmarks.measured import Cell, Row
 from benchmarks.memory import profile_step, sdpa_backend
 from benchmarks.render import header_lines, notes
-from benchmarks.run import Block, measure_memory, run
+from benchmarks.run import Block, count_decoded_ids, measure_memory, record_compiled, run, warm_up
 from benchmarks.settings import Settings
 from benchmarks.steps import forward_backward, forward_step
 from benchmarks.timing import MatmulPeak
@@ -65,7 +67,7 @@ def test_the_train_peak_counts_weights_gradients_and_the_logits():
 def test_the_train_peak_is_measured_from_a_state_without_gradients():
     """Gradients alive from an earlier step would be freed by the measured step's own
     zero_grad(set_to_none=True) and cancel the new ones (on CUDA always; on CPU when the
-    profiler saw them made, as here), leaving the gradients out of the peak (issue 18)."""
+    profiler saw them made, as here), leaving the gradients out of the peak."""
     model = build("explicit", TINY, seed=0)
     batch = random_batch(TINY, *BATCH, seed=0)
     row = Row("explicit", model, cells={"forward": Cell(), "train": Cell()},
@@ -75,6 +77,63 @@ def test_the_train_peak_is_measured_from_a_state_without_gradients():
     assert all(p.grad is not None for p in model.parameters())
     measure_memory([row], Block("cpu", "float32", BATCH, batch, contextlib.nullcontext))
     assert row.peak_mb["train"] * 2**20 >= lower_bound(TINY, BATCH)
+
+
+class Clock:
+    """A clock that only the fake steps advance, so the warm-up's timings are exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def step(self, seconds: float, result: object = None, error: Exception | None = None):
+        """A step that takes ``seconds`` of this clock, then returns ``result`` or raises ``error``."""
+
+        def call() -> object:
+            self.now += seconds
+            if error is not None:
+                raise error
+            return result
+
+        return call
+
+
+# out of the order Settings.modes gives: the compile time must not depend on it
+WARM_UP_ORDER = ("decode", "forward", "beam", "train", "forward_eager", "train_eager")
+
+
+def warmed_row(monkeypatch, train_error: Exception | None = None) -> Row:
+    """A row whose compiled forward takes 2 s and compiled train step 3 s at their first calls;
+    its decoders and eager steps, which compile nothing, take far longer."""
+    clock = Clock()
+    monkeypatch.setattr(benchmarks.run, "perf_counter", clock)
+    ids = torch.ones(3, 5, dtype=torch.long)  # (B, L): 3 rows of BOS and 4 decoded ids
+    beam_ids = torch.ones(3, 3, dtype=torch.long)  # a beam that stopped early: 2 ids past BOS
+    row = Row("explicit", torch.nn.Linear(2, 2), cells={mode: Cell() for mode in WARM_UP_ORDER})
+    row.steps = {"decode": clock.step(100.0, ids), "forward": clock.step(2.0, torch.zeros(3, 4, 7)),
+                 "beam": clock.step(300.0, beam_ids), "train": clock.step(3.0, error=train_error),
+                 "forward_eager": clock.step(50.0), "train_eager": clock.step(70.0)}
+    first_calls = warm_up(row, WARM_UP_ORDER, "cpu")
+    count_decoded_ids(row, first_calls)
+    record_compiled(row, first_calls, reference_logp=torch.full((3, 4, 7), -0.5))
+    return row
+
+
+def test_compile_time_is_the_compiled_steps_first_calls_in_any_order(monkeypatch):
+    row = warmed_row(monkeypatch)
+    assert row.compile_s == 2.0 + 3.0  # not the decoders' or the eager steps' time
+    assert row.decode_positions == {"decode": 3 * 4, "beam": 3 * 2}
+    assert row.max_abs_dlogp == 0.5  # the compiled forward's zeros against the reference's -0.5
+    assert not any(cell.error for cell in row.cells.values())
+
+
+def test_a_compiled_step_that_fails_leaves_no_compile_time_and_marks_its_cell(monkeypatch):
+    row = warmed_row(monkeypatch, train_error=ValueError("no graph"))
+    assert row.compile_s is None
+    assert row.cells["train"].error == "ValueError: no graph"
+    assert row.max_abs_dlogp == 0.5  # the forward still compiled and is still checked
 
 
 @pytest.mark.parametrize("ops, named", [

@@ -14,7 +14,7 @@ from common.weights import (
     transfer,
 )
 from tests.helpers import random_canonical, small_config
-from variants import build
+from variants import REFERENCE, build
 
 
 def assert_states_equal(actual: dict, expected: dict) -> None:
@@ -42,7 +42,7 @@ def test_round_trip_through_the_reference_is_bit_exact(variant):
     model = build(variant, config)
     import_weights(model, random_canonical(config, seed=3))
     before = export_weights(model)
-    reference, back = build("torch", config), build(variant, config)
+    reference, back = build(REFERENCE, config), build(variant, config)
     transfer(model, reference)
     transfer(reference, back)
     assert_states_equal(export_weights(back), before)
@@ -103,7 +103,7 @@ def test_weights_of_another_config_raise_naming_each_field(variant):
     """n_heads and norm_first leave every shape alone: only the config can catch them."""
     config = small_config()
     other = config.replace(n_heads=2, norm_first=True)
-    source = build("torch", other, seed=1)
+    source = build(REFERENCE, other, seed=1)
     model = build(variant, config, seed=0)
     before = export_weights(model)
     with pytest.raises(ValueError, match="n_heads") as error:
@@ -115,7 +115,7 @@ def test_weights_of_another_config_raise_naming_each_field(variant):
 def test_weights_of_another_size_raise(variant):
     model = build(variant, small_config(), seed=0)
     with pytest.raises(ValueError, match="d_model"):
-        transfer(build("torch", small_config(d_model=16, n_heads=4), seed=0), model)
+        transfer(build(REFERENCE, small_config(d_model=16, n_heads=4), seed=0), model)
 
 
 def test_import_rejects_a_non_mapping(variant):

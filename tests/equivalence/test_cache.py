@@ -10,10 +10,8 @@ import torch
 from common.batches import random_batch
 from common.masks import decoder_mask
 from tests.helpers import FLOAT64_TOL, reference_and, small_config
-from variants import VARIANTS, build
+from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 
-REFERENCE = "torch"
-FROM_SCRATCH = tuple(name for name in VARIANTS if name != REFERENCE)
 EOS = 2
 NORM_MODES = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 PRECISIONS = pytest.mark.parametrize(

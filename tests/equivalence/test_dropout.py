@@ -43,7 +43,7 @@ from common.batches import random_batch
 from common.config import TransformerConfig
 from common.weights import export_gradients, export_weights, import_weights
 from tests.helpers import FLOAT64_TOL, random_canonical, small_config
-from variants import VARIANTS, build
+from variants import REFERENCE, VARIANTS, build
 
 aten = torch.ops.aten
 
@@ -230,7 +230,7 @@ def test_the_functional_forward_is_the_reference_in_eval_mode():
     """Without dropout, the written-out forward is nn.Transformer's function (so the train-mode
     comparison above tests dropout sites, not a second architecture)."""
     config = DROPOUT_CONFIGS[0]
-    model = build("torch", config)
+    model = build(REFERENCE, config)
     import_weights(model, random_canonical(config))
     batch = random_batch(config)
     state = {name: t.double() for name, t in export_weights(model).items()}

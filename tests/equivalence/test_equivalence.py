@@ -12,8 +12,8 @@ from common.batches import random_batch
 from common.config import TransformerConfig
 from common.weights import export_gradients
 from tests.equivalence.test_dropout import DROPOUT_CONFIGS
-from tests.helpers import FLOAT64_TOL, REFERENCE, SUBJECTS, reference_and, small_config
-from variants import VARIANTS, build
+from tests.helpers import FLOAT64_TOL, reference_and, small_config
+from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 
 # The config fields the defaults leave alone: a LayerNorm eps far from 1e-6 (a variant that
 # hard-codes 1e-6 moves log-probs by about eps / 2 relative) and a padding id other than 0;
@@ -106,7 +106,7 @@ def test_same_seed_same_function(norm_first):
         model = build(name, config, seed=0).eval().double()
         with torch.no_grad():
             outputs[name] = model(src, tgt, src_mask, tgt_mask)
-    for name in SUBJECTS:
+    for name in FROM_SCRATCH:
         torch.testing.assert_close(outputs[name], outputs[REFERENCE], **FLOAT64_TOL, msg=name)
     other = build(REFERENCE, config, seed=1).eval().double()
     with torch.no_grad():

@@ -15,12 +15,11 @@ from scripts import low_precision
 from scripts.low_precision import CONFIG as LOW_PRECISION_CONFIG
 from scripts.low_precision import MEASURED
 from tests.helpers import FLOAT64_TOL, small_config
-from variants import VARIANTS, build
+from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 
 # The reference fills masked scores with -inf, so its fully masked rows are NaN by design
 # (variants/reference.py); the promise of finite, equal rows is the from-scratch variants' own,
-# and the tests of it are parametrised over this tuple instead of the ``variant`` fixture.
-FROM_SCRATCH = tuple(name for name in VARIANTS if name != "torch")
+# and the tests of it are parametrised over ``FROM_SCRATCH`` instead of the ``variant`` fixture.
 
 # Low-precision bounds: largest |log p(low precision) - log p(float32)| allowed, all positions,
 # rtol 0, derived here from what scripts/low_precision.py measured (MEASURED: the worst case of
@@ -150,7 +149,7 @@ def test_fully_masked_row_is_uniform_attention_over_all_keys(variant, norm_first
     when all scores are equal (W_q = 0)."""
     config = small_config(norm_first=norm_first)
     model = build(variant, config, seed=0).double().eval()
-    reference = build("torch", config)
+    reference = build(REFERENCE, config)
     import_weights(reference, uniform_attention_state(export_weights(model), config))
     reference.double().eval()
     src, tgt, src_mask, tgt_mask = batch_with_pad_row(config)

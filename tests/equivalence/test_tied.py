@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from common.batches import Batch, random_batch
 from common.weights import TIED, export_gradients, export_weights, import_weights
 from tests.common.test_tied_weights import TIED_CONFIG, USES
-from tests.helpers import FLOAT64_TOL, REFERENCE, random_canonical
-from variants import build
+from tests.helpers import FLOAT64_TOL, random_canonical
+from variants import REFERENCE, build
 
 # what these tests run, by norm_first: tied, dropout 0
 TIED_CONFIGS = {norm_first: TIED_CONFIG.replace(norm_first=norm_first, dropout=0.0)

@@ -3,6 +3,7 @@ trace of a forward pass, and the GPU script's compare.py commands."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -67,10 +68,19 @@ def test_every_compare_command_in_the_gpu_script_is_accepted(monkeypatch):
                 for line in script.splitlines() if "compare.py --" in line]
     assert len(commands) == 2
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    every_decoder = []
     for command in commands:
         options = [word.replace("$OUT", "/tmp") for word in command
                    if not word.startswith(">") and not word.endswith("2>&1")]
         settings, _ = parse_args(options)
         assert settings.devices == ("cuda",)
+        every_decoder.append(settings.all_decoders)
     assert settings.config.max_seq_len == 2048 and max(s.src_len for s in settings.shapes) == 2048
+    assert every_decoder == [True, False]  # the base run times every decoder; the long one none
+
+
+def test_the_gpu_script_runs_the_programs_as_modules_of_scripts():
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    assert "-m scripts.time_breakdown" in script and "benchmarks.time_breakdown" not in script
+    assert not re.search(r"\bissues? \d", script)  # a reader's comments, not a tracker's
 

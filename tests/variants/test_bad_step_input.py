@@ -7,12 +7,11 @@ import pytest
 import torch
 
 from common.batches import random_batch
-from tests.variants.test_bad_input import ParameterReads
 from tests.helpers import small_config
-from variants import VARIANTS, build
+from tests.variants.test_bad_input import ParameterReads
+from variants import FROM_SCRATCH, VARIANTS, build
 
 CONFIG = small_config()  # tgt_vocab 19, max_seq_len 40, d_model 32, 4 heads
-FROM_SCRATCH = tuple(name for name in VARIANTS if name != "torch")
 
 
 def started(name: str, config=CONFIG, batch: int = 3):

@@ -7,13 +7,23 @@ import torch
 
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
-from tests.helpers import REFERENCE, small_config
-from variants import VARIANTS, build
+from tests.helpers import small_config
+from variants import FROM_SCRATCH, REFERENCE, TEACHING, VARIANTS, build
 
 
 def test_registry_lists_the_reference_last():
     assert VARIANTS[0] == "explicit" and VARIANTS[-1] == "torch"
     assert len(set(VARIANTS)) == len(VARIANTS)
+
+
+def test_registry_names_the_reference_and_the_variants_written_from_scratch():
+    """One home for the rows' roles: the reference is nn.Transformer's row, every other registered
+    variant is from scratch, and the three source styles are the teaching ones."""
+    assert REFERENCE == "torch" == VARIANTS[-1]
+    assert FROM_SCRATCH == ("explicit", "einsum", "mathfirst", "fused")
+    assert TEACHING == ("explicit", "einsum", "mathfirst")
+    assert not build(REFERENCE, small_config()).has_cache  # the one row that decodes by recompute
+    assert all(build(name, small_config()).has_cache for name in FROM_SCRATCH)
 
 
 def test_unknown_name_lists_the_known_ones():

@@ -19,8 +19,7 @@ from common.probes import first_divergence
 from compare import parse_args
 from tests.fixtures.outside import tutorial
 from tests.fixtures.outside.bugs import FIRST_DIVERGENCE
-from tests.helpers import SUBJECTS
-from variants import build
+from variants import FROM_SCRATCH, REFERENCE, build
 from variants.battery import CONFIG, FLOAT64, Case, attempt, bad_inputs, forward, locate, run_battery
 from variants.check import main
 from variants.explicit.model import Transformer as Explicit
@@ -35,12 +34,12 @@ CHECKS = [*CHECKS[:3], "gradients float64 post-norm", "3 Adam steps float64 post
           "gradients float64 pre-norm", "3 Adam steps float64 pre-norm (losses)"]
 
 
-def first_forward_case(against: str = "torch") -> Case:
+def first_forward_case(against: str = REFERENCE) -> Case:
     """The battery's first check: float64, post-norm, a padded batch with S = 7 > T = 5."""
     return Case(against, CONFIG, torch.float64, random_batch(CONFIG, 3, 7, 5).inputs(), FLOAT64)
 
 
-@pytest.mark.parametrize("variant", SUBJECTS)
+@pytest.mark.parametrize("variant", FROM_SCRATCH)
 def test_every_builtin_passes_against_the_reference(variant):
     results = run_battery(variant)
     assert [r.check for r in results] == [*CHECKS, f"fully masked source row vs "
@@ -149,7 +148,7 @@ def test_a_check_whose_model_raises_fails_with_the_error():
 
 
 def test_the_reference_skips_its_fully_masked_row():
-    results = {r.check: r for r in run_battery("torch")}
+    results = {r.check: r for r in run_battery(REFERENCE)}
     assert results["fully masked source row"].passed is None
     assert all(r.passed for name, r in results.items() if name != "fully masked source row")
 

@@ -15,7 +15,7 @@ from common.interface import EncoderDecoder
 from common.weights import check_weight_map, export_weights, import_weights, init_canonical, transfer
 from tests.fixtures.outside import bugs, tutorial
 from tests.helpers import FLOAT64_TOL, small_config
-from variants import ENTRY_POINT_GROUP, SpecError, build, ordered, variant_argument
+from variants import ENTRY_POINT_GROUP, REFERENCE, SpecError, build, ordered, variant_argument
 
 OUTSIDE = "tests.fixtures.outside"
 TUTORIAL = f"{OUTSIDE}.tutorial:Transformer"
@@ -27,7 +27,7 @@ FORWARD_ONLY = f"{OUTSIDE}.tutorial:ForwardOnly"
 def test_a_spec_builds_the_reference_function_behind_the_shared_interface(spec):
     config = small_config(norm_first=True)
     model = build(spec, config, seed=0).double().eval()
-    reference = build("torch", config, seed=0).double().eval()
+    reference = build(REFERENCE, config, seed=0).double().eval()
     assert isinstance(model, EncoderDecoder) and model.config is config
     inputs = random_batch(config).inputs()
     with torch.no_grad():
@@ -179,7 +179,7 @@ def test_variant_argument_and_order_for_command_lines():
 
 
 def test_the_first_divergence_of_every_fixture_is_declared():
-    """bugs.FIRST_DIVERGENCE covers every fixture class there (tests/variants/test_checker.py asserts them)."""
+    """bugs.FIRST_DIVERGENCE covers every fixture class there (test_checker.py asserts them)."""
     classes = {cls for cls in vars(bugs).values() if isinstance(cls, type)
                and issubclass(cls, tutorial.Transformer) and cls is not tutorial.Transformer}
     assert classes == set(bugs.FIRST_DIVERGENCE)
