@@ -1,0 +1,29 @@
+"""Every page reads as documentation for a reader: it opens by saying what it covers, and it
+carries no notes about how the work was organised (tracker issue numbers, machine loans)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.docs.pages import PAGES, page_id
+
+# A tracker reference ("issue 17", "Issue 5's targets") means nothing to a reader of the page.
+ISSUE_NUMBER = re.compile(r"issue [0-9]", flags=re.I)
+
+
+@pytest.mark.parametrize("page", PAGES[1:], ids=page_id)
+def test_each_docs_page_opens_with_what_it_covers(page):
+    lines = page.read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("# "), f"{page_id(page)} has no title"
+    first = next(line for line in lines[1:] if line.strip())
+    assert first.startswith("This page covers "), f"{page_id(page)} opens with {first!r}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_no_page_cites_issue_numbers(page):
+    hits = [f"line {number}: {line.strip()}"
+            for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1)
+            if ISSUE_NUMBER.search(line)]
+    assert not hits, f"{page_id(page)} cites tracker issues:\n" + "\n".join(hits)

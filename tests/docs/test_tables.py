@@ -1,0 +1,95 @@
+"""Measured tables cannot go stale: a table a script regenerates equals what the script prints,
+on the page that holds it; the current results table shows what its raw report holds, and the
+README's results table quotes it row for row."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.docs.pages import DOCS, ROOT, fenced_block, section, table_rows
+
+BENCHMARKS_PAGE = DOCS / "benchmarks.md"
+CURRENT_REPORT = DOCS / "results" / "cpu-base-f32.json"
+# The current results table's columns after the variant: the report's key for each and how a
+# value is written (ms to one decimal, ratios as 0.97x, shares as 54%, differences as 1.9e-06).
+CURRENT_COLUMNS = (("forward_ms", "{:.1f}"), ("train_ms", "{:.1f}"), ("train_vs_torch", "{:.2f}x"),
+                   ("train_pct_peak", "{:.0f}%"), ("max_abs_dlogp", "{:.1e}"))
+VARIANT_ROWS = ("explicit", "einsum", "mathfirst", "fused", "torch")
+
+
+def current_results() -> tuple[str, list[str]]:
+    """The command and the table rows under the benchmarks page's Current results."""
+    text = section("Current results", BENCHMARKS_PAGE)
+    return fenced_block(text, "bash").strip(), table_rows(text, "variant")
+
+
+def test_readme_results_quote_the_current_table():
+    """The README's results table is the benchmarks page's current table, row for row, and
+    names the same command."""
+    readme = section("Results")
+    command, rows = current_results()
+    assert command.startswith("python compare.py")
+    assert fenced_block(readme, "bash").strip() == command
+    assert table_rows(readme, "variant") == rows
+
+
+def test_current_table_shows_its_raw_report():
+    """Each cell of the current table is the raw report's value for that row, one value per
+    block (8 × 128 / 2 × 512), rounded as the column writes it; the command is the report's."""
+    command, rows = current_results()
+    assert [row.split("|")[1].strip() for row in rows] == list(VARIANT_ROWS)
+    assert CURRENT_REPORT.is_file(), (
+        f"{CURRENT_REPORT.relative_to(ROOT)} is missing: run the command under Current results")
+    report = json.loads(CURRENT_REPORT.read_text(encoding="utf-8"))
+    assert command == f"python {report['meta']['command']}"
+    blocks = report["blocks"]
+    assert [block["dtype"] for block in blocks] == ["float32"] * len(blocks)
+    for row in rows:
+        variant, *cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        measured = [next(r for r in block["rows"] if r["variant"] == variant) for block in blocks]
+        expected = [" / ".join(form.format(result[key]) for result in measured)
+                    for key, form in CURRENT_COLUMNS]
+        assert cells == expected, f"the {variant} row differs from {CURRENT_REPORT.name}"
+
+
+def assert_section_shows(printed: str, page_section: str) -> None:
+    """Every table row of ``printed`` stands in that page section."""
+    rows = [line for line in printed.splitlines() if line.startswith("| ")]
+    assert len(rows) > 4
+    for row in rows:
+        assert row in page_section, f"the table lacks or differs on:\n{row}"
+
+
+def assert_page_shows(script: str, page_section: str) -> None:
+    """Every table row that ``python -m scripts.<script>`` prints stands in that page section."""
+    printed = subprocess.run([sys.executable, "-m", f"scripts.{script}"], cwd=ROOT, check=True,
+                             capture_output=True, text=True, timeout=600).stdout
+    assert_section_shows(printed, page_section)
+
+
+@pytest.mark.slow  # regenerates every deviation of the table (about 6 s)
+def test_deviation_table_matches_the_script():
+    assert_page_shows("deviations", section("Deviations from the sources", DOCS / "variants.md"))
+
+
+def test_low_precision_table_is_what_the_script_prints_of_its_measurement(monkeypatch, capsys):
+    """The table is the script's own output for the cells it records in ``MEASURED``; that
+    ``MEASURED`` is what the script measures today is checked by the slow
+    tests/equivalence/test_numerics.py::test_the_recorded_measurement_is_what_the_script_measures.
+    Together: the page shows a live measurement, measured once per run of the slow tests, not
+    twice (each measurement takes minutes)."""
+    from scripts import low_precision
+
+    def recorded(seeds: int = low_precision.SEEDS):
+        assert seeds == low_precision.SEEDS, "the page shows the default seeds"
+        return low_precision.MEASURED
+
+    monkeypatch.setattr(low_precision, "measure", recorded)
+    assert low_precision.main([]) == 0
+    assert_section_shows(capsys.readouterr().out,
+                         section("Low precision: measured tolerances", DOCS / "numerics.md"))
+
