@@ -1,6 +1,11 @@
 """Probe points: the canonical places in one forward pass where two implementations can be
 compared, the hooks that capture them, and the finder that names the first one that differs.
 
+The finder separates precision from structure: measured against the reference's own float32
+rounding at each point (the reference run in float32 against itself in float64), a float64
+difference within a few times that is float32 rounding (a float32 table, say), noted but not
+named as the divergence; the first point past it is.
+
 A variant declares ``probe_map`` beside its ``weight_map``: canonical point (a pattern with
 ``{fields}``, as in ``common.weights``) -> the module whose output is that point::
 
@@ -141,6 +146,11 @@ def capture(model: nn.Module, inputs: tuple[Tensor | None, ...]) -> dict[str, Te
     return captured
 
 
+# A departure within this many times the reference's own float32 rounding at a point (how far the
+# reference computed in float32 lies from itself in float64 there) is precision, not structure.
+ROUNDING_FACTOR = 4.0
+
+
 @dataclass(frozen=True)
 class PointDifference:
     """How far two implementations are apart at one point."""
@@ -148,17 +158,31 @@ class PointDifference:
     point: str
     max_abs: float | None  # largest |a - b|; inf where they cannot be compared; None: not compared
     note: str = ""  # why max_abs is inf or None
+    rounding: float | None = None  # the reference's own float32 rounding here, when measured
 
     def diverges(self, tolerance: float) -> bool:
-        return self.max_abs is not None and not self.max_abs <= tolerance  # NaN diverges too
+        """Past ``tolerance`` and past what float32 rounding explains: a difference of structure."""
+        return self.departs(tolerance) and not self.within_rounding()
+
+    def departs(self, tolerance: float) -> bool:
+        """Past ``tolerance`` at all (NaN too), whatever the cause."""
+        return self.max_abs is not None and not self.max_abs <= tolerance
+
+    def within_rounding(self) -> bool:
+        """Within ``ROUNDING_FACTOR`` times the reference's own float32 rounding at this point."""
+        return (self.rounding is not None and self.max_abs is not None
+                and self.max_abs <= ROUNDING_FACTOR * self.rounding)
 
 
 def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...],
-                   names: tuple[str, str] = ("a", "b")) -> list[PointDifference]:
+                   names: tuple[str, str] = ("a", "b"), b_float32: nn.Module | None = None,
+                   ) -> list[PointDifference]:
     """Run ``a`` and ``b`` on the same ``inputs`` and compare them at every point, in order of
-    computation; ``names`` say which is which in the notes."""
+    computation; ``names`` say which is which in the notes. With ``b_float32`` (``b`` in float32
+    where ``b`` is float64), each point also carries ``b``'s own float32 rounding there."""
     declared = [resolve_probes(model) for model in (a, b)]
     values = [capture(model, inputs) for model in (a, b)]
+    low = capture(b_float32, inputs) if b_float32 is not None else {}
     differences = []
     for point in probe_points(a.config):
         undeclared = [name for name, probes in zip(names, declared, strict=True) if probes[point] is None]
@@ -172,20 +196,43 @@ def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...]
             differences.append(PointDifference(point, math.inf, f"shapes differ: {shapes}"))
         else:
             delta = (values[0][point].double() - values[1][point].double()).abs().max().item()
-            differences.append(PointDifference(point, delta))
+            rounding = None
+            if point in low and low[point].shape == values[1][point].shape:
+                rounding = (low[point].double() - values[1][point].double()).abs().max().item()
+            differences.append(PointDifference(point, delta, rounding=rounding))
     return differences
 
 
 def first_divergence(differences: list[PointDifference], tolerance: float) -> str:
-    """One line: the first point past ``tolerance`` and how closely every point before it agrees."""
+    """One line: the first point past ``tolerance`` and past float32 rounding, and how closely
+    every point before it agrees."""
     index = next((k for k, d in enumerate(differences) if d.diverges(tolerance)), None)
+    rounded = any(d.departs(tolerance) for d in differences[:index])
+    why = " (float32 rounding)" if rounded else ""
     if index is None:
+        if rounded:
+            return (f"no divergence past float32 rounding: every point agrees to "
+                    f"{number(_worst(differences))}, within the reference's own float32 rounding")
         return f"no divergence: every point agrees to {number(_worst(differences))} (tolerance {tolerance:g})"
     first = differences[index]
     how = first.note or f"max |Δ| {number(first.max_abs)}"
     before = "nothing comes before it" if index == 0 else \
-        f"everything before it agrees to {number(_worst(differences[:index]))}"
+        f"everything before it agrees to {number(_worst(differences[:index]))}{why}"
     return f"first divergence: {first.point} ({how}); {before}"
+
+
+def precision_notes(differences: list[PointDifference], tolerance: float) -> list[str]:
+    """The first point past ``tolerance`` but within float32 rounding, before any divergence of
+    structure, as a note (later points inherit it, so only the first is named)."""
+    for difference in differences:
+        if difference.diverges(tolerance):
+            return []
+        if difference.departs(tolerance):
+            example = ("a float32 position table" if difference.point.endswith("_embed")
+                       else "a tensor or an operation kept in float32")
+            return [f"{difference.point} differs by {number(difference.max_abs)}: float32 rounding, "
+                    f"e.g. {example}"]
+    return []
 
 
 def number(value: float | None) -> str:

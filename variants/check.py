@@ -2,11 +2,16 @@
 disagrees, the first point of the computation where it does.
 
     python -m variants.check mypackage.model:Transformer       # an outside class (docs/check.md)
+    python -m variants.check mypackage.model:Transformer --norm pre --d-model 64 --heads 8
     python -m variants.check einsum --against explicit          # any two variants
 
-Prints a table (check, result, largest difference, tolerance) and, after a failed forward check,
-every probe point in order of computation with its largest |Δ|, the first past tolerance marked.
-Exit status 0 if every check passes, 1 if one fails, 2 if SPEC cannot be built (one line).
+Prints the config and the norm modes that ran, a table (check, result, largest difference,
+tolerance) and, after a failed forward check, every probe point in order of computation with its
+largest |Δ| and the reference's own float32 rounding there, the first point past both marked;
+after a failed gradient or training check whose forward passes, the first weight whose gradient
+differs and whether a module still drops at dropout 0. A norm mode the class does not support
+is reported as such, not failed. Exit status 0 if every check of a supported mode passes, 1 if
+one fails, 2 if SPEC cannot be built in any mode asked for (one line).
 """
 
 from __future__ import annotations
@@ -15,10 +20,24 @@ import sys
 
 from tabulate import tabulate
 
-from common.cli import Parser
-from common.probes import first_divergence, number
+from common.cli import Parser, config_or_exit, positive
+from common.probes import first_divergence, number, precision_notes
 from variants import REFERENCE, SpecError, variant_argument
-from variants.battery import CONFIG, Result, locate, run_battery, short
+from variants.battery import (
+    CONFIG,
+    MODES,
+    STEPS,
+    Result,
+    absent_line,
+    explained,
+    locate,
+    mode_name,
+    run_battery,
+    short,
+    still_drops,
+)
+
+NORM_CHOICES = {"post": ("post",), "pre": ("pre",), "both": MODES}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,30 +47,69 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--against", type=variant_argument, default=REFERENCE, metavar="VARIANT",
                         help=f"what SPEC must agree with (default {REFERENCE}, the reference)")
     parser.add_argument("--seed", type=int, default=0, help="weights and batches (default 0)")
+    parser.add_argument("--norm", choices=tuple(NORM_CHOICES), default="both",
+                        help="the norm modes to check: post (the paper's), pre, or both (default both)")
+    parser.add_argument("--d-model", type=positive(int), default=CONFIG.d_model,
+                        help=f"model width (default {CONFIG.d_model})")
+    parser.add_argument("--heads", type=positive(int), default=CONFIG.n_heads,
+                        help=f"attention heads (default {CONFIG.n_heads})")
+    parser.add_argument("--layers", type=positive(int), default=CONFIG.n_layers,
+                        help=f"layers per stack (default {CONFIG.n_layers})")
+    parser.add_argument("--d-ff", type=positive(int), default=CONFIG.d_ff,
+                        help=f"feed-forward width (default {CONFIG.d_ff}, {CONFIG.d_ff // CONFIG.d_model} × "
+                             f"d_model)")
+    parser.add_argument("--vocab", type=positive(int), nargs=2, default=(CONFIG.src_vocab_size,
+                                                                          CONFIG.tgt_vocab_size),
+                        metavar=("SRC", "TGT"), help=f"source and target vocabulary sizes (default "
+                                                     f"{CONFIG.src_vocab_size} {CONFIG.tgt_vocab_size})")
     args = parser.parse_args(argv)
+    config = config_or_exit(parser, CONFIG, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
+                            d_ff=args.d_ff, src_vocab_size=args.vocab[0], tgt_vocab_size=args.vocab[1])
     try:
-        results = run_battery(args.spec, args.against, args.seed)
+        results = run_battery(args.spec, args.against, args.seed, config, NORM_CHOICES[args.norm])
     except SpecError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    print(f"{args.spec} against {args.against}: d_model {CONFIG.d_model}, {CONFIG.n_heads} heads, "
-          f"{CONFIG.n_layers} layers, seed {args.seed}\n")
+    print(f"{args.spec} against {args.against}: d_model {config.d_model}, {config.n_heads} heads, "
+          f"{config.n_layers} layers, d_ff {config.d_ff}, vocabularies {config.src_vocab_size} and "
+          f"{config.tgt_vocab_size}, seed {args.seed}")
+    print(modes_line(results, NORM_CHOICES[args.norm]))
+    absent = absent_line(args.spec, next(r.config for r in results if r.passed is not None))
+    print((absent + "\n") if absent else "")
     print(tabulate([(r.check, verdict(r), number(r.max_abs), r.tolerance) for r in results],
                    headers=("check", "result", "max |Δ|", "tolerance"), tablefmt="simple"))
+    hints = set()
     for result in results:
         if result.detail:
-            print(f"  {result.check}: {result.detail}")
+            detail, _, hint = result.detail.partition("; hint: ")
+            print(f"  {result.check}: {detail}" + (f"; hint: {hint}" if hint and hint not in hints
+                                                   else "; hint: as above" if hint else ""))
+            hints.add(hint)
     failed = next((r for r in results if r.passed is False and r.case is not None), None)
     if failed is not None:
         print(finder_report(args.spec, failed, args.seed))
+    elif (training := training_failure(results)) is not None:
+        print(training_report(args.spec, training, args.seed))
     return 0 if all(r.passed is not False for r in results) else 1
 
 
 def verdict(result: Result) -> str:
-    return {True: "pass", False: "FAIL", None: "skip"}[result.passed]
+    if result.passed is None:
+        return "n/a" if result.detail.startswith("not supported") else "skip"
+    return "pass" if result.passed else "FAIL"
+
+
+def modes_line(results: list[Result], asked: tuple[str, ...]) -> str:
+    """Which norm modes ran, and which were asked for but are not supported."""
+    unsupported = {r.check.partition(":")[0]: r.detail for r in results
+                   if r.passed is None and r.detail.startswith("not supported")}
+    ran = [mode_name(mode) for mode in asked if mode_name(mode) not in unsupported]
+    return f"norm modes checked: {' and '.join(ran)}" + "".join(
+        f"; {mode}: {why}" for mode, why in unsupported.items())
 
 
 def finder_report(spec: str, failed: Result, seed: int) -> str:
-    """The points of ``failed``'s forward case in order, the first past tolerance marked."""
+    """The points of ``failed``'s forward case in order, the first past tolerance and past the
+    reference's own float32 rounding marked, earlier precision-level departures noted."""
     case = failed.case
     try:
         differences = locate(spec, case, seed)
@@ -59,11 +117,33 @@ def finder_report(spec: str, failed: Result, seed: int) -> str:
         return f"\nno divergence finder: {error}"
     tolerance = case.tolerance.atol
     first = next((d for d in differences if d.diverges(tolerance)), None)
-    rows = [(d.point, "-" if d.note else number(d.max_abs),
-             d.note + (" <- first divergence" if d is first else "")) for d in differences]
+    rows = [(d.point, "-" if d.note else number(d.max_abs), number(d.rounding),
+             d.note + (" <- first divergence" if d is first else "")
+             + (" float32 rounding" if d.departs(tolerance) and d.within_rounding() else ""))
+            for d in differences]
+    notes = "".join(f"\nnote: {note}" for note in precision_notes(differences, tolerance))
     return (f"\nwhere {failed.check} first differs ({short(spec)} vs {short(case.against)}):\n\n"
-            + tabulate(rows, headers=("point", "max |Δ|", ""), tablefmt="simple")
-            + f"\n\n{first_divergence(differences, tolerance)}")
+            + tabulate(rows, headers=("point", "max |Δ|", "f32 rounding", ""), tablefmt="simple")
+            + f"\n{notes}\n{first_divergence(differences, tolerance)}")
+
+
+def training_failure(results: list[Result]) -> Result | None:
+    """The first failed gradient or training check of a mode whose forward checks all pass."""
+    forward_failed = {r.config for r in results if r.check.startswith("forward") and r.passed is False}
+    return next((r for r in results if r.passed is False and r.config not in forward_failed
+                 and r.check.startswith(("gradients", f"{STEPS} Adam"))), None)
+
+
+def training_report(spec: str, failed: Result, seed: int) -> str:
+    """Why a gradient or training check fails while the forward passes: the first weight whose
+    gradient differs (its detail) and the determinism probe."""
+    try:
+        drops = still_drops(spec, failed.config, seed)
+    except Exception as error:  # the model's own error: the table has reported it already
+        return f"\nno determinism probe: {explained(error)}"
+    probe = (f"{drops} still drops: with dropout 0 in train mode, two seeds give different outputs"
+             if drops else "with dropout 0 in train mode two seeds give the same outputs: nothing drops")
+    return f"\nwhy {failed.check} fails while the forward passes:\n  {probe}"
 
 
 if __name__ == "__main__":

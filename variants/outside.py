@@ -8,7 +8,17 @@ which ``interfaced`` puts behind the shared interface, input checks included:
 
 - stages: ``encode(src, src_mask)``, ``decode(tgt, memory, src_mask, tgt_mask)`` and
   ``project(hidden)``; ``forward`` is composed from them;
-- forward only: ``forward(src, tgt, src_mask, tgt_mask)`` -> (B, T, V) log-probabilities.
+- forward only: ``forward(src, tgt, src_mask, tgt_mask)`` -> (B, T, V) log-probabilities. The
+  class's own methods keep their names: a ``forward`` that calls its own ``encode``/``decode``
+  (in whatever argument order) reaches them, not the shared interface's.
+
+A weight map may send a canonical name to ``None``: a tensor the model does not have (attention
+biases, say). The adapted class holds a zero placeholder parameter for it, so canonical weights
+still import; ``absent_weights`` lists them and the checker treats them (``variants.battery``).
+A class that supports one norm mode only says so with ``norm_modes = ("pre",)`` (or
+``("post",)``), or raises ``NotImplementedError`` from its constructor for the other.
+Before anything is built, ``check_signatures`` refuses stages whose recognisable argument names
+come in another order than the suite calls them in.
 """
 
 from __future__ import annotations
@@ -16,9 +26,11 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import inspect
 import os
 import sys
 
+import torch
 from torch import Tensor, nn
 
 from common import checks
@@ -26,10 +38,27 @@ from common.cli import error_line
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.probes import resolve_probes
-from common.weights import check_weight_map
+from common.weights import Param, canonical_shapes, check_weight_map, match_patterns
 
 ENTRY_POINT_GROUP = "transformer_variants.variants"
 STAGES = ("encode", "decode", "project")
+NORM_MODES = {"post": False, "pre": True}  # a class's norm_modes -> TransformerConfig.norm_first
+
+# How the suite calls each stage, and the argument names people commonly give each role.
+SIGNATURES = {
+    "encode": ("src", "src_mask"),
+    "decode": ("tgt", "memory", "src_mask", "tgt_mask"),
+    "forward": ("src", "tgt", "src_mask", "tgt_mask"),
+}
+ROLE_NAMES = {
+    "src": {"src", "source", "src_ids", "src_tokens", "encoder_input", "enc_input"},
+    "tgt": {"tgt", "trg", "target", "tgt_ids", "tgt_tokens", "decoder_input", "dec_input"},
+    "memory": {"memory", "mem", "encoder_output", "encoder_out", "enc_output", "enc_out", "encoder_outputs",
+               "enc_src"},
+    "src_mask": {"src_mask", "source_mask", "enc_mask", "memory_mask", "src_key_mask"},
+    "tgt_mask": {"tgt_mask", "trg_mask", "target_mask", "dec_mask"},
+}
+ABSENT = "absent_placeholders"  # the module holding the zero placeholders of weights mapped to None
 
 
 class SpecError(ValueError):
@@ -69,7 +98,16 @@ def import_class(spec: str) -> type[nn.Module]:
 
 
 def build_outside(spec: str, cls: type[nn.Module], config: TransformerConfig) -> EncoderDecoder:
-    """``cls(config)`` behind the shared interface, its weight map (and probe map) checked."""
+    """``cls(config)`` behind the shared interface, its signatures, weight map (and probe map)
+    checked. NotImplementedError passes through: the class does not support this config."""
+    check_signatures(spec, cls)
+    modes = getattr(cls, "norm_modes", None)
+    if modes is not None:
+        if not set(modes) <= set(NORM_MODES):
+            raise SpecError(f"{spec}: norm_modes must hold 'post' and/or 'pre', got {modes!r}")
+        mode = "pre" if config.norm_first else "post"
+        if mode not in modes:
+            raise NotImplementedError(f"{cls.__name__}.norm_modes is {tuple(modes)!r}")
     try:
         model = interfaced(cls)(config)
     except NotImplementedError:
@@ -90,15 +128,67 @@ def build_outside(spec: str, cls: type[nn.Module], config: TransformerConfig) ->
     return model
 
 
+def check_signatures(spec: str, cls: type[nn.Module]) -> None:
+    """Refuse (SpecError) a stage whose parameters all have recognisable names (``ROLE_NAMES``)
+    in another order than the suite calls them in; names it cannot read are left to run."""
+    if issubclass(cls, EncoderDecoder):
+        return
+    stages = ("encode", "decode") if _has_stages(cls) else ("forward",)
+    for stage in stages:
+        try:
+            parameters = list(inspect.signature(getattr(cls, stage)).parameters.values())[1:]  # after self
+        except (TypeError, ValueError):
+            continue
+        names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        expected = SIGNATURES[stage]
+        roles = tuple(next((role for role, known in ROLE_NAMES.items() if name in known), None)
+                      for name in names[: len(expected)])
+        if None not in roles and sorted(roles) == sorted(expected) and roles != expected:
+            raise SpecError(f"{spec}: {cls.__name__}.{stage} takes ({', '.join(names)}), but the suite calls "
+                            f"{stage}({', '.join(expected)}): put its arguments in that order, or wrap it")
+
+
 @functools.cache
 def interfaced(cls: type[nn.Module]) -> type[EncoderDecoder]:
-    """``cls`` itself if it is an EncoderDecoder; else a subclass of it and of the adapter for its
-    protocol, with the same name, parameters and modules (so its maps apply as declared)."""
-    if issubclass(cls, EncoderDecoder):
+    """``cls`` itself if it is an EncoderDecoder mapping every canonical weight; else a subclass of
+    it (and of the adapter for its protocol), with the same name, parameters and modules (so its
+    maps apply as declared), plus a zero placeholder for each weight it maps to ``None``."""
+    absent = [pattern for pattern, target in cls.weight_map.items() if target is None]
+    if issubclass(cls, EncoderDecoder) and not absent:
         return cls
-    adapter = _Stages if _has_stages(cls) else _ForwardOnly
-    return type(cls.__name__, (adapter, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                                               "__doc__": cls.__doc__, "_outside": cls})
+    namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                 "_outside": cls}
+    if issubclass(cls, EncoderDecoder):
+        bases: tuple[type, ...] = (cls,)
+    elif _has_stages(cls):
+        bases = (_Stages, cls)
+    else:
+        bases = (_ForwardOnly, cls)
+        namespace.update(_own_methods(cls))  # its forward may call them: the interface must not hide them
+    if absent:
+        namespace["weight_map"] = {pattern: Param(f"{ABSENT}.{pattern.replace('.', '_')}") if target is None
+                                   else target for pattern, target in cls.weight_map.items()}
+        namespace["__init__"] = _init_with_placeholders
+    return type(cls.__name__, bases, namespace)
+
+
+def _init_with_placeholders(self, config: TransformerConfig, *args, **kwargs) -> None:
+    """The class's own constructor, then a zero parameter for each canonical weight it maps to
+    None, and ``absent_weights``, their canonical names."""
+    outside = type(self)._outside
+    outside.__init__(self, config, *args, **kwargs)
+    shapes = canonical_shapes(config)
+    declared = {pattern: None for pattern, target in outside.weight_map.items() if target is None}
+    matched, _ = match_patterns(declared, shapes)
+    placeholders = nn.ParameterDict({name.replace(".", "_"): nn.Parameter(torch.zeros(shapes[name]))
+                                     for name in matched})
+    self.add_module(ABSENT, placeholders)
+    self.absent_weights = tuple(matched)
+
+
+def absent_weights(model: nn.Module) -> tuple[str, ...]:
+    """The canonical names ``model``'s weight map declares absent (``None``), in canonical order."""
+    return tuple(getattr(model, "absent_weights", ()))
 
 
 class _Stages(EncoderDecoder):
@@ -133,6 +223,18 @@ class _ForwardOnly(EncoderDecoder):
                                   f"{'/'.join(STAGES)}")
 
     _encode = _decode = _project = _forward_only
+
+
+def _own_methods(cls: type) -> dict[str, object]:
+    """The attributes ``cls`` defines itself (not inherited from nn.Module) that the shared
+    interface defines too, such as a tutorial's own ``encode`` and ``decode``."""
+    shared = {name for name in vars(EncoderDecoder) if not name.startswith("_")} - {"forward"}
+    own = {}
+    for klass in reversed(cls.__mro__):
+        if klass in nn.Module.__mro__:
+            continue
+        own.update({name: value for name, value in vars(klass).items() if name in shared})
+    return own
 
 
 def _has_stages(cls: type) -> bool:

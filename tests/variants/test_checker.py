@@ -28,10 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 OUTSIDE = "tests.fixtures.outside"
 TUTORIAL = f"{OUTSIDE}.tutorial:Transformer"
 BUGS = {f"{OUTSIDE}.bugs:{cls.__name__}": point for cls, point in FIRST_DIVERGENCE.items()}
-CHECKS = [f"forward {dtype} {mode} S={s} T={t}" for mode in ("post-norm", "pre-norm")
-          for dtype, s, t in (("float64", 7, 5), ("float64", 4, 9), ("float32", 7, 5))]
-CHECKS = [*CHECKS[:3], "gradients float64 post-norm", "3 Adam steps float64 post-norm (losses)", *CHECKS[3:],
-          "gradients float64 pre-norm", "3 Adam steps float64 pre-norm (losses)"]
+
+
+def mode_checks(mode: str, masked_against: str) -> list[str]:
+    """The battery's checks of one norm mode, in order."""
+    return [*(f"forward {dtype} {mode} S={s} T={t}"
+              for dtype, s, t in (("float64", 7, 5), ("float64", 4, 9), ("float32", 7, 5))),
+            f"gradients float64 {mode}", f"3 Adam steps float64 {mode} (losses)",
+            f"fully masked source row {mode} vs {masked_against}"]
 
 
 def first_forward_case(against: str = REFERENCE) -> Case:
@@ -42,9 +46,9 @@ def first_forward_case(against: str = REFERENCE) -> Case:
 @pytest.mark.parametrize("variant", FROM_SCRATCH)
 def test_every_builtin_passes_against_the_reference(variant):
     results = run_battery(variant)
-    assert [r.check for r in results] == [*CHECKS, f"fully masked source row vs "
-                                          f"{'mathfirst' if variant == 'explicit' else 'explicit'}",
-                                          "bad inputs refused (5 of 5)"]
+    masked_against = "mathfirst" if variant == "explicit" else "explicit"
+    expected = [*mode_checks("post-norm", masked_against), *mode_checks("pre-norm", masked_against)]
+    assert [r.check for r in results] == [*expected, "bad inputs refused (5 of 5)"]
     failed = [(r.check, r.max_abs, r.detail) for r in results if r.passed is not True]
     assert not failed
     assert all(r.max_abs <= 1e-5 for r in results if r.max_abs is not None)
@@ -57,7 +61,8 @@ def test_a_correct_outside_copy_passes_and_the_table_says_so(capsys):
     assert header.split() == ["check", "result", "max", "|Δ|", "tolerance"]
     rows = [line for line in out.splitlines() if line.startswith(("forward", "gradients", "3 Adam", "fully",
                                                                   "bad"))]
-    assert len(rows) == 12 and all(" pass " in row for row in rows)
+    assert len(rows) == 13 and all(" pass " in row for row in rows)
+    assert "norm modes checked: post-norm and pre-norm\n" in out
     assert "first divergence" not in out
 
 
@@ -94,12 +99,14 @@ def test_the_finder_works_between_any_two_models():
         "no divergence")
 
 
-def test_a_model_without_pre_norm_skips_those_checks(capsys):
+def test_a_model_without_pre_norm_is_checked_post_norm_and_says_pre_norm_is_not_supported(capsys):
     assert main([f"{OUTSIDE}.broken:PreNormUnsupported"]) == 0
     out = capsys.readouterr().out
-    assert "pre-norm: every check                    skip" in out
+    assert "norm modes checked: post-norm; pre-norm: not supported: post-norm only\n" in out
+    assert re.search(r"^pre-norm: every check +n/a ", out, flags=re.M)
     assert "pre-norm: every check: not supported: post-norm only" in out
-    assert "forward float64 pre-norm" not in out
+    assert "fully masked source row post-norm vs explicit " in out
+    assert "forward float64 pre-norm" not in out and "FAIL" not in out
 
 
 @pytest.mark.parametrize(("spec", "says"), [
@@ -141,10 +148,17 @@ def test_bad_inputs_a_model_does_not_refuse_fail_the_check():
     assert "a tgt id past tgt_vocab_size: IndexError" in result.detail
 
 
-def test_a_check_whose_model_raises_fails_with_the_error():
-    result = attempt("forward", FLOAT64, lambda: 1 / 0)
-    assert (result.passed, result.detail, result.tolerance) == (False, "ZeroDivisionError: division by zero",
-                                                                "1e-10")
+def divide_by_zero():
+    return 1 / 0
+
+
+def test_a_check_whose_model_raises_fails_with_the_error_and_where_it_was_raised():
+    result = attempt("forward", FLOAT64, CONFIG, divide_by_zero)
+    lines = Path(__file__).read_text().splitlines()
+    line = next(n for n, text in enumerate(lines, 1) if "return 1 / 0" in text)
+    assert (result.passed, result.tolerance, result.bound) == (False, "1e-10", FLOAT64)
+    assert result.detail == (f"ZeroDivisionError: division by zero "
+                             f"(at tests/variants/test_checker.py:{line} in divide_by_zero)")
 
 
 def test_the_reference_skips_its_fully_masked_row():
@@ -201,7 +215,8 @@ def test_the_finder_lines_in_the_docs_are_what_the_finder_prints():
     now (what agrees to rounding is only bounded: its last digits vary with the BLAS)."""
     page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").replace("\\|", "|")
     quoted = re.findall(r"^\| `(\w+)` \|.*\| `(first divergence: [^`]*)` \|$", page, flags=re.M)
-    quoted.append(("Source1LayerNorm", re.search(r"^first divergence: .*$", page, flags=re.M).group(0)))
+    example = page.partition("## A worked example")[2]
+    quoted.append(("Source1LayerNorm", re.search(r"^first divergence: .*$", example, flags=re.M).group(0)))
     assert sorted(name for name, _ in quoted) == sorted(cls.__name__ for cls in FIRST_DIVERGENCE)
     for name, line in quoted:
         printed = first_divergence(locate(f"{OUTSIDE}.bugs:{name}", first_forward_case()), FLOAT64.atol)

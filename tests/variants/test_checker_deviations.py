@@ -1,0 +1,280 @@
+"""``python -m variants.check`` on models in the shapes learners copy, each carrying one deviation
+such models commonly have: checked in the norm modes the class supports, the real bug named
+rather than float32 rounding, failing training checks explained, errors traced to the model's own
+line with a hint, and docs/check.md's table of what the checker prints for each."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from common.batches import random_batch
+from common.interface import EncoderDecoder
+from common.probes import first_divergence, precision_notes
+from tests.fixtures.outside import sublayers, tutorial
+from variants import REFERENCE, SpecError, build
+from variants.battery import (
+    CONFIG,
+    FLOAT64,
+    Case,
+    absent_line,
+    forward,
+    gradients,
+    locate,
+    run_battery,
+    still_drops,
+)
+from variants.check import main
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = "tests.fixtures.outside"
+SMALL = CONFIG.replace(n_layers=1, d_ff=64)  # the component tests' model: one layer per stack
+PRE = SMALL.replace(norm_first=True)
+
+# deviation -> (the fixture that carries it, the exit status, a line the checker prints for it);
+# docs/check.md's table lists the same, with the digits of the default config
+DEVIATIONS = {
+    "a sinusoid table built in float32": (
+        f"{FIXTURES}.sublayers:Float32Table", 1,
+        "note: src_embed differs by 6.7e-08: float32 rounding, e.g. a float32 position table"),
+    "LayerNorm of the std, eps outside the root": (
+        f"{FIXTURES}.bugs:Source1LayerNorm", 1, "first divergence: encoder.layers.0.norm1 (max |Δ| 0.05)"),
+    "scores scaled by √d_model (or √embed_size)": (
+        f"{FIXTURES}.bugs:ScaledBySqrtDModel", 1,
+        "first divergence: encoder.layers.0.self_attn (max |Δ| 0.67)"),
+    "one head-sized projection shared by all heads": (
+        f"{FIXTURES}.bugs:OneProjectionForAllHeads", 1,
+        "first divergence: encoder.layers.0.self_attn (max |Δ| 2.7)"),
+    "learned positions, embeddings not scaled by √d_model": (
+        f"{FIXTURES}.bugs:LearnedPositionsUnscaled", 1, "first divergence: src_embed (max |Δ| 6.2)"),
+    "attention projections without biases": (
+        f"{FIXTURES}.blocks:Checked", 0,
+        "declared absent (None in the weight map): 24 biases, held at zero in both models and left out of "
+        "the gradient checks"),
+    "no final LayerNorms": (
+        f"{FIXTURES}.blocks:NoFinalNorms", 1, "first divergence: encoder.norm (max |Δ| 3.6)"),
+    "dropout not wired through to attention": (
+        f"{FIXTURES}.sublayers:UnwiredDropout", 1,
+        "encoder.layers.0.self_attn.dropout (Dropout(p=0.1, inplace=False)) still drops"),
+    "pre-norm only": (
+        f"{FIXTURES}.sublayers:Checked", 0,
+        "norm modes checked: pre-norm; post-norm: not supported: pre-norm only: each SublayerConnection "
+        "normalises first"),
+    "another LayerNorm eps": (
+        f"{FIXTURES}.blocks:LayerNormEps", 1, "first divergence: encoder.layers.0.norm1 (max |Δ| 2e-05)"),
+    "decode(memory, src_mask, tgt, tgt_mask)": (
+        f"{FIXTURES}.blocks:MemoryFirstDecode", 2,
+        "MemoryFirstDecode.decode takes (encoder_output, src_mask, tgt, tgt_mask), but the suite calls "
+        "decode(tgt, memory, src_mask, tgt_mask)"),
+    "the same under names the checker cannot read": (
+        f"{FIXTURES}.blocks:UnreadableDecodeOrder", 1,
+        "hint: an embedding got a mask or hidden states for ids: check the argument order"),
+    "masks laid out (B, 1, S) and (B, T, T)": (
+        f"{FIXTURES}.sublayers:ThreeAxisMasks", 1,
+        "hint: check the masks: the suite passes src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T), bool, "
+        "True = may attend"),
+}
+NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
+
+
+def digits_free(text: str) -> str:
+    """``text`` with every number written as #: the points and words, not the last digits."""
+    return NUMBER.sub("#", text)
+
+
+def line_of(module, text: str) -> int:
+    """The line of ``module``'s source that contains ``text`` (found by reading it)."""
+    lines = Path(module.__file__).read_text(encoding="utf-8").splitlines()
+    (number,) = [n for n, line in enumerate(lines, 1) if text in line]
+    return number
+
+
+def first_case(spec_config, dtype=torch.float64) -> Case:
+    return Case(REFERENCE, spec_config, dtype, random_batch(spec_config, 3, 7, 5).inputs(), FLOAT64)
+
+
+# --- 1. the forward-only protocol keeps the model's own methods ------------------------------
+
+
+def test_a_forward_only_subclass_reaches_its_own_encode_and_decode():
+    """sublayers.Checked's forward calls its own encode and decode(memory, src_mask, tgt, tgt_mask):
+    built behind the interface, it computes the reference's log-probabilities."""
+    spec = f"{FIXTURES}.sublayers:Checked"
+    model = build(spec, PRE, seed=0).double().eval()
+    reference = build(REFERENCE, PRE, seed=0).double().eval()
+    assert isinstance(model, EncoderDecoder) and isinstance(model, sublayers.EncoderDecoder)
+    inputs = random_batch(PRE).inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(model(*inputs), reference(*inputs), atol=1e-10, rtol=0)
+        memory = model.encode(inputs[0], inputs[2])  # its own encode, its own decode order
+        assert model.decode(memory, inputs[2], inputs[1], inputs[3]).shape == (*inputs[1].shape, PRE.d_model)
+
+
+# --- 2. norm modes ----------------------------------------------------------------------------
+
+
+def test_a_mode_a_class_does_not_support_is_one_row_not_a_failure():
+    results = run_battery(f"{FIXTURES}.blocks:Checked", config=SMALL)  # declares norm_modes = ("pre",)
+    unsupported = [r for r in results if r.passed is None]
+    assert [(r.check, r.detail) for r in unsupported] == [
+        ("post-norm: every check", "not supported: Checked.norm_modes is ('pre',)")]
+    assert all(r.passed for r in results if r.passed is not None)
+    assert {r.config.norm_first for r in results if r.passed is not None} == {True}
+    assert any(r.check == "fully masked source row pre-norm vs explicit" for r in results)
+
+
+def test_asking_only_for_a_mode_a_class_refuses_exits_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([f"{FIXTURES}.sublayers:Checked", "--norm", "post", "--layers", "1"])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("can be built in none of the norm modes asked for (post-norm not supported: "
+                         "pre-norm only: each SublayerConnection normalises first)")
+
+
+# --- 3. precision against structure ------------------------------------------------------------
+
+
+def test_a_float32_table_is_noted_and_the_later_bug_named():
+    differences = locate(f"{FIXTURES}.sublayers:Float32TableStdNorm", first_case(PRE))
+    line = first_divergence(differences, FLOAT64.atol)
+    assert line.startswith("first divergence: encoder.layers.0.norm1 (max |Δ| "), line
+    assert line.endswith("(float32 rounding)")
+    (note,) = precision_notes(differences, FLOAT64.atol)
+    assert re.fullmatch(r"src_embed differs by \S+: float32 rounding, e.g. a float32 position table", note)
+    table_difference = differences[0].max_abs
+    assert 1e-9 < table_difference < 1e-6  # float32's rounding of values of order one, not 0
+
+
+def test_a_float32_table_alone_is_precision_only():
+    differences = locate(f"{FIXTURES}.sublayers:Float32Table", first_case(PRE))
+    assert first_divergence(differences, FLOAT64.atol).startswith("no divergence past float32 rounding")
+    assert precision_notes(differences, FLOAT64.atol)[0].startswith("src_embed differs by ")
+
+
+# --- 4. failing training checks explained; absent weights ------------------------------------
+
+
+def test_dropout_left_on_fails_the_gradients_and_the_probe_names_the_module():
+    spec = f"{FIXTURES}.sublayers:UnwiredDropout"
+    assert forward(spec, first_case(PRE), 0, "forward").passed  # eval mode: no dropout
+    result = gradients(spec, REFERENCE, PRE, 0)
+    assert result.passed is False
+    assert re.fullmatch(r"first differs at \S+ \(max \|Δ\| \S+\)", result.detail), result.detail
+    assert still_drops(spec, PRE) == "encoder.layers.0.self_attn.dropout (Dropout(p=0.1, inplace=False))"
+    assert still_drops(f"{FIXTURES}.sublayers:Checked", PRE) is None
+
+
+def test_biases_declared_absent_are_zero_in_both_and_left_out_of_the_gradients():
+    spec = f"{FIXTURES}.blocks:Checked"
+    results = run_battery(spec, config=SMALL, modes=("pre",))
+    assert all(r.passed for r in results), [(r.check, r.detail) for r in results if not r.passed]
+    assert absent_line(spec, PRE).startswith("declared absent (None in the weight map): 12 biases, held at "
+                                             "zero in both models")
+
+
+def test_weights_declared_absent_stay_a_real_difference():
+    spec = f"{FIXTURES}.blocks:NoFinalNorms"
+    assert "2 weights, compared as they are" in absent_line(spec, PRE)
+    line = first_divergence(locate(spec, first_case(PRE)), FLOAT64.atol)
+    assert line.startswith("first divergence: encoder.norm ("), line
+
+
+# --- 5. signatures and errors inside the model ----------------------------------------------
+
+
+def test_a_decode_in_another_readable_order_is_refused_with_the_expected_one():
+    with pytest.raises(SpecError, match=re.escape(
+            "MemoryFirstDecode.decode takes (encoder_output, src_mask, tgt, tgt_mask), but the suite "
+            "calls decode(tgt, memory, src_mask, tgt_mask): put its arguments in that order, or wrap it")):
+        build(f"{FIXTURES}.blocks:MemoryFirstDecode", PRE)
+
+
+@pytest.mark.parametrize(("spec", "module", "source", "hint"), [
+    ("blocks:UnreadableDecodeOrder", "blocks", "return self.embedding(x) * math.sqrt(self.d_model)",
+     "hint: an embedding got a mask or hidden states for ids: check the argument order; the suite calls "
+     "encode(src, src_mask), decode(tgt, memory, src_mask, tgt_mask), forward(src, tgt, src_mask, tgt_mask)"),
+    ("sublayers:ThreeAxisMasks", "sublayers", "return x + self.dropout(sublayer(self.norm(x)))",
+     "hint: check the masks: the suite passes src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T), bool, "
+     "True = may attend; a model written for (B, 1, S) masks adds an axis of its own"),
+], ids=["argument order", "mask layout"])
+def test_an_error_inside_the_model_names_its_line_and_the_likely_cause(spec, module, source, hint):
+    result = run_battery(f"{FIXTURES}.{spec}", config=SMALL, modes=("pre",))[0]
+    fixture = {"blocks": __import__(f"{FIXTURES}.blocks", fromlist=["x"]), "sublayers": sublayers}[module]
+    assert result.passed is False
+    assert f"(at tests/fixtures/outside/{module}.py:{line_of(fixture, source)} in forward); {hint}" \
+        in result.detail, result.detail
+
+
+# --- 6. the config ------------------------------------------------------------------------------
+
+
+class ForwardExpansion(tutorial.Transformer):
+    """The feed-forward width written as forward_expansion * d_model, an integer expansion."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        forward_expansion = config.d_ff // config.d_model
+        for layer in [*self.encoder.layers, *self.decoder.layers]:
+            layer.feed_forward.w_1 = nn.Linear(config.d_model, forward_expansion * config.d_model)
+            layer.feed_forward.w_2 = nn.Linear(forward_expansion * config.d_model, config.d_model)
+
+
+def test_the_default_d_ff_is_a_multiple_of_d_model_and_an_expansion_model_builds():
+    assert CONFIG.d_ff % CONFIG.d_model == 0
+    build(f"{__name__}:ForwardExpansion", CONFIG)
+    with pytest.raises(SpecError, match=r"sends encoder\.layers\.0\.ff\.w1\.weight \(48, 32\)"):
+        build(f"{__name__}:ForwardExpansion", CONFIG.replace(d_ff=48))
+
+
+def test_the_config_is_chosen_on_the_command_line_and_printed(capsys):
+    assert main([f"{FIXTURES}.tutorial:Transformer", "--d-model", "16", "--heads", "2", "--layers", "1",
+                 "--d-ff", "32", "--vocab", "11", "13", "--norm", "post"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{FIXTURES}.tutorial:Transformer against torch: d_model 16, 2 heads, 1 layers, "
+                          "d_ff 32, vocabularies 11 and 13, seed 0\nnorm modes checked: post-norm\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([f"{FIXTURES}.tutorial:Transformer", "--heads", "5"])
+    assert exit_info.value.code == 2
+    assert "d_model (32) must be divisible by n_heads (5)" in capsys.readouterr().err
+
+
+def test_the_help_states_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for default in ("(default 32)", "(default 4)", "(default 2)", "(default 128, 4 × d_model)",
+                    "(default 23 19)", "(default both)"):
+        assert default in out
+
+
+# --- every deviation end to end, and the docs' table --------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deviation", DEVIATIONS, ids=[spec.rpartition(".")[2]
+                                                      for spec, _, _ in DEVIATIONS.values()])
+def test_each_deviation_end_to_end(deviation, capsys):
+    """``python -m variants.check SPEC``; post-norm only where the class supports both modes (the
+    finder explains the first post-norm check either way), to keep the run short."""
+    spec, status, says = DEVIATIONS[deviation]
+    both_modes = spec.partition(":")[0].endswith(".bugs")
+    try:
+        code = main([spec, *(["--norm", "post"] if both_modes else [])])
+    except SystemExit as exit_info:
+        code = exit_info.code
+    captured = capsys.readouterr()
+    assert code == status
+    assert digits_free(says) in digits_free(captured.out + captured.err), captured.out + captured.err
+
+
+def test_the_docs_table_of_deviations_is_the_fixtures():
+    """docs/check.md lists every deviation here: the fixture, the exit status and the line."""
+    page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").replace("\\|", "|")
+    rows = re.findall(r"^\| (.+?) \| `(\S+:\w+)` \| (\d) \| `([^`]+)` \|$", page, flags=re.M)
+    assert {deviation: (f"{FIXTURES}.{spec}", int(status), says) for deviation, spec, status, says in rows} \
+        == DEVIATIONS
