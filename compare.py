@@ -20,7 +20,6 @@ This file is the command line only: options -> ``benchmarks.settings.Settings`` 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -111,9 +110,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         device_or_exit(parser, args.device)
     if args.freeze and not args.compile:
         parser.error("--freeze is an option of --compile; give both")
-    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-        parser.error(f"--output {args.output}: its directory does not exist")
-    # before any timing: a run must not end in a picture it cannot write
+    # before any timing: a run must not end in a table or a picture it cannot write
+    if problem := args.output and path_problem(args.output, "--output", suffix=None):
+        parser.error(problem)
     if problem := args.plot and (path_problem(args.plot) or matplotlib_problem()):
         parser.error(problem)
     devices = ("cpu", "cuda") if args.device == "all" else (args.device,)
@@ -135,8 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     report = run(settings)
     text = render(report, args.format, wide=args.wide)
     if args.output:
-        with open(args.output, "w") as out:
-            out.write(text)
+        try:
+            with open(args.output, "w") as out:
+                out.write(text)
+        except OSError as error:  # checked before timing, so only a disk that filled up, say
+            sys.stdout.write(text)  # the run's result is not lost
+            sys.exit(f"compare.py: error: cannot write {args.output} ({error.strerror or error}); "
+                     "the table is on stdout instead")
     else:
         sys.stdout.write(text)
     if args.plot:

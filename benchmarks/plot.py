@@ -18,19 +18,38 @@ EXTRA_HINT = "--plot needs matplotlib: pip install -e '.[plot]' (the plot extra)
 PANELS = (("forward", "forward"), ("train", "train step"), ("decode", "greedy decode"))
 
 
-def path_problem(path: str, option: str = "--plot") -> str | None:
-    """Why a picture cannot be written to ``path`` (checked before any timing), or None."""
+def path_problem(path: str, option: str = "--plot", suffix: str | None = ".png") -> str | None:
+    """Why a file cannot be written to ``path`` (checked before any timing), or None.
+
+    ``suffix``: the ending the file must have (a picture: .png); None takes any. Writability is
+    found by creating and removing a small file beside it, which also catches a read-only file
+    system and holds for root, whom permission bits do not stop.
+    """
     target = Path(path)
-    if target.suffix.lower() != ".png":
-        return f"{option} writes a PNG: {path!r} does not end in .png"
+    if suffix is not None and target.suffix.lower() != suffix:
+        return f"{option} writes a {suffix[1:].upper()}: {path!r} does not end in {suffix}"
     if target.is_dir():
         return f"{option} {path!r} is a directory"
     folder = target.parent
+    if folder.exists() and not folder.is_dir():
+        return f"{option} {path!r}: {str(folder)!r} is a file, not a directory"
     if not folder.is_dir():
         return f"{option} {path!r}: no directory {str(folder)!r}"
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+    if not _can_create_in(folder) or (target.exists() and not os.access(target, os.W_OK)):
         return f"{option} {path!r} is not writable"
     return None
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be created in ``folder`` (one is, and removed again)."""
+    probe = folder / f".write-probe-{os.getpid()}.tmp"
+    try:
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except OSError:
+        return False
+    return True
 
 
 def matplotlib_problem() -> str | None:

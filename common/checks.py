@@ -136,13 +136,18 @@ def check_same_batch(src: Tensor, tgt: Tensor) -> None:
 
 
 def check_hidden(model: nn.Module, hidden: Tensor) -> None:
-    """The argument of ``project``: decoder output of width d_model."""
+    """The argument of ``project``: (B, T, D) decoder output, as ``decode`` returns it (so what
+    ``decode`` refuses, an empty batch or sequence, ``project`` refuses too)."""
+    d_model = model.config.d_model
     _check_floating("hidden", hidden, model)
-    if hidden.ndim < 1 or hidden.shape[-1] != model.config.d_model:
+    if hidden.ndim != 3:
+        raise ValueError(f"hidden must have shape (B, T, d_model={d_model}), got {tuple(hidden.shape)}")
+    if hidden.shape[-1] != d_model:
         raise ValueError(
-            f"hidden must have last dimension d_model={model.config.d_model}, "
-            f"got shape {tuple(hidden.shape)}"
+            f"hidden must have last dimension d_model={d_model}, got shape {tuple(hidden.shape)}"
         )
+    if 0 in hidden.shape:
+        raise ValueError(f"hidden is empty: shape {tuple(hidden.shape)}; need B >= 1 and T >= 1")
 
 
 def _check_tensor(name: str, value: object, device: torch.device) -> None:
@@ -254,6 +259,7 @@ def _check_mask(
     _check_tensor(name, mask, device)
     if mask.dtype != torch.bool:
         raise TypeError(f"{name} must be a bool tensor (True = may attend), got dtype {mask.dtype}")
+    _check_unambiguous(name, mask, expected[0])
     fits = mask.ndim <= 4 and all(
         size in (1, want) for size, want in zip(reversed(mask.shape), reversed(expected), strict=False)
     )
@@ -263,3 +269,31 @@ def _check_mask(
             f"{name} of shape {tuple(mask.shape)} does not broadcast to {legend}; "
             "each dimension must equal that size or 1"
         )
+
+
+def _check_unambiguous(name: str, mask: Tensor, batch: int) -> None:
+    """Refuse a mask of rank 2 or 3 whose first axis has the batch size.
+
+    A mask of lower rank lines up with (B, H, T_query, T_key) from the right, as broadcasting
+    does, so the first axis of a (B, 1, S) mask, the layout most tutorials use, would be read
+    as heads, and that of a (B, S) key mask as queries. Both would then run, silently wrong,
+    exactly when the batch size happens to equal n_heads or the query length. Which reading
+    was meant cannot be told from the sizes, so neither is picked: the message names the
+    four-axis layout that says it.
+    """
+    if mask.ndim not in (2, 3) or batch == 1 or mask.shape[0] != batch:
+        return
+    shape = tuple(mask.shape)
+    if mask.ndim == 3:
+        read_as = "H (heads)"
+        per_row = f"{name}[:, None] of shape {(batch, 1, *shape[1:])} for a mask per batch row"
+        other = f"shape (1, {shape[0]}, {shape[1]}, {shape[2]}) for one mask per head"
+    else:
+        read_as = "T_query (queries)"
+        per_row = f"{name}[:, None, None] of shape {(batch, 1, 1, shape[1])} for a key mask per batch row"
+        other = f"{name}[None, None] of shape {(1, 1, *shape)} for one mask over queries and keys"
+    raise ValueError(
+        f"{name} of shape {shape} is ambiguous: its first axis has the batch size B={batch}, but a "
+        f"rank-{mask.ndim} mask lines up with (B, H, T_query, T_key) from the right, which reads "
+        f"that axis as {read_as}; give all four axes: {per_row}, or {other}"
+    )

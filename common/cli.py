@@ -14,6 +14,7 @@ repeating its range checks.
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -30,15 +31,17 @@ class Parser(argparse.ArgumentParser):
 
 
 def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
-    """An argparse ``type`` for a number of ``kind`` that must be > 0."""
+    """An argparse ``type`` for a number of ``kind`` that must be > 0 and finite (an infinite
+    time limit never ends, an infinite learning rate trains to NaN)."""
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+        if not 0 < value < math.inf:
+            finite = " and finite" if kind is float else ""  # int() never gives inf
+            raise argparse.ArgumentTypeError(f"must be positive{finite}, got {text!r}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in its messages
@@ -60,6 +63,8 @@ def device_or_exit(parser: argparse.ArgumentParser, name: str, option: str = "--
         device = torch.device(name)
     except (RuntimeError, TypeError) as error:
         parser.error(f"{option} {name}: {first_line(error)}")
+    if device.type == "meta":
+        parser.error(f"{option} {name}: meta tensors hold no values; use cpu or cuda")
     if device.type == "cuda" and not torch.cuda.is_available():
         parser.error(f"{option} {name}: CUDA is not available on this machine (torch {torch.__version__})")
     return device
@@ -69,6 +74,15 @@ def first_line(error: BaseException) -> str:
     """The first non-empty line of an error's message, or its type's name when it has none."""
     lines = [line for line in str(error).strip().splitlines() if line.strip()]
     return lines[0].strip() if lines else type(error).__name__
+
+
+def one_line(error: BaseException) -> str:
+    """An error's whole message on one line: the errors here name their problems one per
+    indented line under a heading, which become "heading problem; problem"."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return " ".join([lines[0], "; ".join(lines[1:])]) if len(lines) > 1 else lines[0]
 
 
 def error_line(error: BaseException) -> str:

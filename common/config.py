@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 
@@ -53,8 +54,8 @@ class TransformerConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout}")
-        if not self.norm_eps > 0.0:
-            raise ValueError(f"TransformerConfig.norm_eps must be positive, got {self.norm_eps}")
+        if not 0.0 < self.norm_eps < math.inf:  # inf would flatten every LayerNorm output to its bias
+            raise ValueError(f"TransformerConfig.norm_eps must be positive and finite, got {self.norm_eps}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 f"TransformerConfig.share_embeddings needs one vocabulary: src_vocab_size "

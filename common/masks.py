@@ -1,8 +1,14 @@
 """Attention masks. Convention: bool, True = may attend, broadcastable to (B, H, T_query, T_key).
 
-``None`` means attend everywhere. Masked scores are *filled* (never added) with the dtype's
-most negative finite value, so a fully masked row is a uniform, finite softmax in every dtype
-and every from-scratch variant gives the same numbers there.
+``None`` means attend everywhere. Rank 4, (B or 1, H or 1, T_query or 1, T_key), is always
+accepted. A lower rank lines up from the right, as broadcasting does: (T_key,), (T_query, T_key),
+(H, T_query, T_key). Where that reading could hinge on a coincidence of sizes, a rank-2 or rank-3
+mask whose first axis has the batch size (the tutorials' (B, 1, S), a (B, S) key mask), it is
+refused with the four-axis layout to use (``common.checks``), never guessed.
+
+Masked scores are *filled* (never added) with the dtype's most negative finite value, so a
+fully masked row is a uniform, finite softmax in every dtype and every from-scratch variant
+gives the same numbers there.
 """
 
 from __future__ import annotations

@@ -166,16 +166,38 @@ def export_gradients(model: nn.Module) -> dict[str, Tensor]:
 def import_weights(
     model: nn.Module, state: Mapping[str, Tensor], config: TransformerConfig | None = None
 ) -> None:
-    """Load canonical weights into ``model``; all or nothing.
+    """Load canonical weights into ``model``; all or nothing (``prepare_import``, then
+    ``apply_import``)."""
+    apply_import(model, prepare_import(model, state, config))
 
-    Raises ValueError naming every missing, unexpected, mis-shaped or non-finite key, the
-    names ``TIED`` when the model shares one matrix and they hold different ones (nothing is
-    averaged or picked), and, when ``config`` — the exporter's config — is given, every field
-    of WEIGHT_FIELDS that differs from the model's; the model is left unchanged.
+
+def apply_import(model: nn.Module, values: Mapping[str, Tensor]) -> None:
+    """Write what ``prepare_import`` returned into ``model``'s parameters (nothing is checked
+    again: a caller that must change several things all or nothing prepares them all first)."""
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for param_name, value in values.items():
+            params[param_name].copy_(value)
+
+
+def prepare_import(
+    model: nn.Module, state: Mapping[str, Tensor], config: TransformerConfig | None = None
+) -> dict[str, Tensor]:
+    """The new value of each of ``model``'s parameters, by parameter name, from canonical
+    weights; checked whole, and nothing is written (``apply_import`` writes them).
+
+    Raises ValueError naming every missing, unexpected, mis-shaped, complex, ``meta`` or
+    non-finite key, the names ``TIED`` when the model shares one matrix and they hold different
+    ones (nothing is averaged or picked), and, when ``config`` — the exporter's config — is
+    given, every field of WEIGHT_FIELDS that differs from the model's; the model is left
+    unchanged. Finiteness is checked after the cast to the parameter's dtype and device: 1e6 is
+    finite in float32 but inf in float16.
     """
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a mapping of canonical names to tensors, got {type(state)}")
     expected = canonical_shapes(model.config)
+    slots = _resolve(model)
+    params = dict(model.named_parameters())
     problems = []
     if config is not None:
         problems += [f"config field {field}: weights have {getattr(config, field)!r}, "
@@ -185,6 +207,7 @@ def import_weights(
                      if getattr(config, field) != getattr(model.config, field)]
     problems += [f"missing key {name}" for name in expected if name not in state]
     problems += [f"unexpected key {name}" for name in state if name not in expected]
+    cast = {}  # canonical name -> its tensor in the destination's dtype, on its device
     for name, tensor in state.items():
         if name not in expected:
             continue
@@ -192,22 +215,30 @@ def import_weights(
             problems.append(f"key {name}: expected a tensor, got {type(tensor).__name__}")
         elif tuple(tensor.shape) != expected[name]:
             problems.append(f"key {name}: shape {tuple(tensor.shape)}, expected {expected[name]}")
-        elif not torch.isfinite(tensor).all():
-            problems.append(f"key {name}: holds NaN or inf")
+        elif tensor.is_meta:
+            problems.append(f"key {name}: a meta tensor, which holds no values")
+        elif tensor.is_complex():  # a cast to a real dtype would drop the imaginary part silently
+            problems.append(f"key {name}: complex dtype {tensor.dtype}; weights are real")
+        else:
+            param = params[slots[name].name]
+            cast[name] = tensor.detach().to(param.device, param.dtype)
+            if param.is_meta or torch.isfinite(cast[name]).all():
+                continue  # a meta model holds no values to check
+            overflow = bool(torch.isfinite(tensor).all())
+            problems.append(f"key {name}: holds NaN or inf" + (
+                f" once cast to the model's {param.dtype} (largest finite value "
+                f"{torch.finfo(param.dtype).max:.4g})" if overflow else ""))
     if model.config.share_embeddings and not problems:
         problems += _tying_problems(state)
     if problems:
         raise ValueError("cannot import weights:\n  " + "\n  ".join(problems))
 
-    params = dict(model.named_parameters())
     new_values = {}  # parameter name -> its full new value, built before anything is written
-    for name, slot in _resolve(model).items():
+    for name, slot in slots.items():
         param = params[slot.name]
         value = new_values.setdefault(slot.name, param.detach().clone())
-        _from_canonical(state[name].to(param.device, param.dtype), slot, value)
-    with torch.no_grad():
-        for param_name, value in new_values.items():
-            params[param_name].copy_(value)
+        _from_canonical(cast[name], slot, value)
+    return new_values
 
 
 def transfer(src_model: nn.Module, dst_model: nn.Module) -> None:

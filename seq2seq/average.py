@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from common.cli import Parser, positive
-from seq2seq.checkpoint import ModelFile, list_checkpoints, load, save
+from common.cli import Parser, one_line, positive
+from seq2seq.checkpoint import ModelFile, file_problem, list_checkpoints, load, save
 
 
 def average_weights(states: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
@@ -48,7 +48,8 @@ def average_weights(states: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]
 def average_files(paths: Sequence[str | os.PathLike]) -> ModelFile:
     """A model file holding the mean weights of these checkpoints (or model files).
 
-    They must share one config; the variant and settings are the last file's.
+    They must share one config and hold finite weights (one NaN would make every mean it
+    enters NaN); the variant and settings are the last file's.
     """
     if not paths:
         raise ValueError("nothing to average: no files given")
@@ -58,6 +59,10 @@ def average_files(paths: Sequence[str | os.PathLike]) -> ModelFile:
         if record.config != last.config:
             raise ValueError(f"{path} has another config than {paths[-1]}: {record.config} "
                              f"against {last.config}")
+        not_finite = [name for name, tensor in record.weights.items() if not torch.isfinite(tensor).all()]
+        if not_finite:
+            raise ValueError(f"{path} holds NaN or inf in {len(not_finite)} weights, first "
+                             f"{not_finite[0]}; a mean over it would be NaN or inf too")
     return ModelFile(variant=last.variant, config=last.config, settings=last.settings,
                      weights=average_weights([record.weights for record in records]))
 
@@ -73,8 +78,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the run's directory of step-NNNNNNNN.pt checkpoints")
     parser.add_argument("--last", type=positive(int), default=5, metavar="K",
                         help="how many of the newest checkpoints (the paper: 5)")
-    parser.add_argument("--output", type=Path, required=True, help="the model file to write")
-    return parser.parse_args(argv)
+    parser.add_argument("--output", type=Path, required=True,
+                        help="the model file to write (its directory is created if missing)")
+    args = parser.parse_args(argv)
+    if problem := file_problem(args.output):  # before any checkpoint is read
+        parser.error(f"--output {problem}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,10 +95,9 @@ def main(argv: list[str] | None = None) -> None:
                          f"checkpoints, {args.checkpoint_dir} holds {len(found)}")
     chosen = found[-args.last:]
     try:
-        model = average_files(chosen)
-    except ValueError as error:
-        raise SystemExit(f"python -m seq2seq.average: error: {error}") from None
-    save(model, args.output)
+        save(average_files(chosen), args.output)
+    except (OSError, ValueError) as error:  # a file unreadable, unusable, or not writable after all
+        raise SystemExit(f"python -m seq2seq.average: error: {one_line(error)}") from None
     print(f"averaged {len(chosen)} checkpoints ({', '.join(path.name for path in chosen)}) "
           f"into {args.output}")
 

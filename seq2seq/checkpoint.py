@@ -11,14 +11,20 @@ settings. A **model file** (what ``python -m seq2seq.average`` writes) holds onl
 name, config, settings and canonical weights; every checkpoint is also a model file, and any
 variant can load either (``build_model``).
 
-Files are ``torch.save`` archives of plain dicts, lists, tensors and numbers, read back with
-``torch.load(weights_only=True)`` (no pickled code runs). Writing is atomic: a temporary file in
+Files are ``torch.save`` archives of plain dicts, lists, tuples, tensors, strings, numbers and
+None, read back with ``torch.load(weights_only=True)`` (no pickled code runs). ``save`` and
+``load`` are symmetric: ``save`` runs the checks ``load`` runs, and refuses anything else (a
+``pathlib.Path`` in the settings, say) before writing. Writing is atomic: a temporary file in
 the same directory, flushed and fsync'd, then ``os.replace`` onto the final name and an fsync of
-the directory, so a crash mid-write leaves every existing file as it was. Reading is strict: the
-archive must load, carry this format's marker, version and every field with its type, and match
-the SHA-256 digest of its contents recorded at save time (torch's reader does not notice a
-flipped byte inside a tensor). Anything else is a ``ValueError`` naming the file, raised before
-anything is loaded into a model.
+the directory, so a crash mid-write leaves every existing file as it was; the temporary file of
+a process that died mid-write is removed by the next ``save`` into that directory. Reading is
+strict: the archive must load, carry this format's marker, version and every field with its
+type, and match the SHA-256 digest of its contents recorded at save time (torch's reader does
+not notice a flipped byte inside a tensor). Anything else is a ``ValueError`` naming the file,
+raised before anything is loaded into a model.
+
+``directory_problem`` and ``file_problem`` say, before a run starts, why its files could not be
+written where it was asked to write them.
 """
 
 from __future__ import annotations
@@ -73,6 +79,10 @@ _FIELDS: dict[str, type | tuple[type, ...]] = {
     "step": int, "optimizer": dict, "scheduler": dict, "rng": (list, tuple), "data_rng": Tensor,
 }
 _KINDS = {"model": ModelFile, "checkpoint": Checkpoint}
+# what torch.load(weights_only=True) reads back, besides tensors: exactly these types
+_PLAIN = (dict, list, tuple, str, int, float, bool, type(None))
+# the temporary file of a write: .NAME.PID.RANDOM.tmp (PID: the writing process)
+_TEMPORARY_NAME = re.compile(r"\..+\.(\d+)\.[0-9a-f]{8}\.tmp")
 
 
 # --- writing -------------------------------------------------------------------------------
@@ -82,19 +92,48 @@ def save(record: ModelFile, path: str | os.PathLike) -> Path:
     """Write a model file or checkpoint to ``path`` atomically (see the module docstring)."""
     if not isinstance(record, ModelFile):
         raise TypeError(f"record must be a ModelFile or Checkpoint, got {type(record).__name__}")
+    if not isinstance(record.config, TransformerConfig):
+        raise TypeError(f"record.config must be a TransformerConfig, got {type(record.config).__name__}")
+    path = Path(path)
     payload: dict[str, object] = {"format": FORMAT, "version": VERSION,
                                   "kind": "checkpoint" if isinstance(record, Checkpoint) else "model"}
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
         payload[field.name] = dataclasses.asdict(value) if field.name == "config" else value
+    # what load would refuse is refused here, before anything is written
+    problems = _unreadable(payload) or _problems(payload)
+    if problems:
+        raise ValueError(f"cannot save {path}; load could not read it back:\n  " + "\n  ".join(problems))
     payload["digest"] = _digest(payload)
-    path = Path(path)
     _write_atomically(payload, path)
     return path
 
 
+def _unreadable(value: object, where: str = "") -> list[str]:
+    """Every value inside ``value`` that ``torch.load(weights_only=True)`` would not read back
+    (anything but ``_PLAIN`` types and plain CPU-loadable tensors), each by where it sits."""
+    if isinstance(value, Tensor):
+        if type(value) not in (Tensor, nn.Parameter):
+            return [f"{where}: a {type(value).__name__}, a tensor subclass"]
+        return [f"{where}: a meta tensor, which holds no values"] if value.is_meta else []
+    if type(value) not in _PLAIN:
+        return [f"{where}: {type(value).__module__}.{type(value).__qualname__} {value!r} is not plain "
+                "data (dict, list, tuple, str, int, float, bool, None or a tensor)"]
+    if isinstance(value, dict):
+        problems = [f"{where}: key {key!r} of type {type(key).__name__} (keys must be str, int, float "
+                    "or bool)" for key in value if type(key) not in (str, int, float, bool)]
+        for key, item in value.items():
+            problems += _unreadable(item, f"{where}[{key!r}]" if where else str(key))
+        return problems
+    if isinstance(value, (list, tuple)):
+        return [problem for index, item in enumerate(value)
+                for problem in _unreadable(item, f"{where}[{index}]")]
+    return []
+
+
 def _write_atomically(payload: object, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temporaries(path.parent)
     # a fresh name beside the target (so os.replace never crosses file systems), opened with
     # the usual permissions, unlike tempfile.mkstemp's 0600
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -114,6 +153,35 @@ def _write_atomically(payload: object, path: Path) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def _remove_stale_temporaries(directory: Path) -> None:
+    """Delete the temporary files that processes killed mid-write left in ``directory``.
+
+    A temporary file's name carries its writer's process id; one whose writer no longer runs
+    on this machine will never be renamed into place. Those of running processes (this one
+    included) are left alone: they may be writing now.
+    """
+    if os.name != "posix":  # os.kill(pid, 0) probes a process only on POSIX
+        return
+    for entry in directory.iterdir():
+        match = _TEMPORARY_NAME.fullmatch(entry.name)
+        if match and not _running(int(match.group(1))):
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (signal 0 probes without sending)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _digest(payload: Mapping[str, object]) -> str:
@@ -158,9 +226,10 @@ def load(path: str | os.PathLike) -> ModelFile:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises many kinds for a damaged archive
-        raise ValueError(f"{path} is not a readable checkpoint (truncated or corrupt?): "
-                         f"{first_line(error)}") from error
+        raise ValueError(f"{path} is not a readable checkpoint {_why_unreadable(error)}") from error
     problems = _problems(payload)
+    if not problems and payload.get("digest") != _digest(payload):
+        problems = ["contents differ from the digest recorded when it was written (corrupt)"]
     if problems:
         raise ValueError(f"{path} is not a usable checkpoint:\n  " + "\n  ".join(problems))
     kind = _KINDS[payload["kind"]]
@@ -172,6 +241,25 @@ def load(path: str | os.PathLike) -> ModelFile:
     if kind is Checkpoint:
         fields["rng"] = tuple(fields["rng"])
     return kind(**fields)
+
+
+def _why_unreadable(error: BaseException) -> str:
+    """Why ``torch.load(weights_only=True)`` failed, in words for an untrusted file.
+
+    torch's own message for a file its safe reader refuses advises loading it again with
+    ``weights_only=False``, which runs whatever code the file holds: that advice is never
+    passed on. What is kept is the reader's reason (its "WeightsUnpickler error" line).
+    """
+    text = str(error)
+    if "weights_only" not in text and "Weights only" not in text:
+        return f"(truncated or corrupt?): {first_line(error)}"
+    reason = re.search(r"WeightsUnpickler error:\s*(.+)", text)  # the reason may follow on a later line
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return (f"(it holds a {found.group(1)}, which is not plain data; it is not loaded, "
+                "since loading it would run code from the file)")
+    detail = reason.group(1).strip() if reason else "the safe reader refused it"
+    return f"(truncated or corrupt?): {detail}"
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -201,8 +289,6 @@ def _problems(payload: object) -> list[str]:
     if "rng" in names and not all(isinstance(state, dict) and isinstance(state.get("cpu"), Tensor)
                                   for state in payload["rng"]):
         problems.append("field rng: expected one {'cpu': tensor, 'cuda': ...} per process")
-    if payload.get("digest") != _digest(payload):
-        problems.append("contents differ from the digest recorded when it was written (corrupt)")
     return problems
 
 
@@ -261,6 +347,26 @@ def capture_rng(device: torch.device) -> dict[str, Tensor | None]:
     return {"cpu": torch.get_rng_state(), "cuda": cuda}
 
 
+def rng_problems(state: Mapping[str, Tensor | None], device: torch.device) -> list[str]:
+    """Why ``restore_rng(state, device)`` would fail, tried on scratch generators: nothing of
+    this process's RNG changes."""
+    problems = generator_problems("rng cpu", state.get("cpu"), torch.device("cpu"))
+    if device.type == "cuda" and state.get("cuda") is not None:
+        problems += generator_problems("rng cuda", state["cuda"], device)
+    return problems
+
+
+def generator_problems(name: str, state: object, device: torch.device) -> list[str]:
+    """Why a ``torch.Generator`` on ``device`` would refuse ``state`` (tried on a scratch one)."""
+    if not isinstance(state, Tensor):
+        return [f"{name}: expected a generator state tensor, got {type(state).__name__}"]
+    try:
+        torch.Generator(device=device).set_state(state)
+    except (RuntimeError, TypeError, ValueError) as error:
+        return [f"{name}: not a generator state of this kind ({first_line(error)})"]
+    return []
+
+
 def restore_rng(state: Mapping[str, Tensor | None], device: torch.device) -> None:
     """Put back what ``capture_rng`` took (the CUDA state only when training on CUDA again)."""
     torch.set_rng_state(state["cpu"])
@@ -268,7 +374,43 @@ def restore_rng(state: Mapping[str, Tensor | None], device: torch.device) -> Non
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
+
+
 # --- where they live -------------------------------------------------------------------------
+
+
+def directory_problem(directory: str | os.PathLike, named: str | os.PathLike | None = None) -> str | None:
+    """Why files cannot be written into ``directory`` (created if missing), or None; the
+    message starts with ``named`` (default: the directory), the path the user gave.
+
+    Found by writing and removing a small file there, so a path under a regular file, a missing
+    permission or a read-only file system shows before a run starts, not at its first save.
+    """
+    directory = Path(directory)
+    named = directory if named is None else Path(named)
+    for folder in (directory, *directory.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                where = "" if folder == named else f"{named}: "
+                return f"{where}{folder} is a file, not a directory"
+            break
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / f".write-probe.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except OSError as error:
+        return f"{named}: cannot write files in {directory} ({error.strerror or first_line(error)})"
+    return None
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why ``save`` could not write ``path`` (its directory is created if missing), or None."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a directory; name a file"
+    return directory_problem(path.parent, named=path)
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:

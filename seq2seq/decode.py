@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from common.cli import Parser, device_or_exit, positive
+from common.cli import Parser, device_or_exit, one_line, positive
 from common.masks import padding_mask
 from seq2seq import tasks
 from seq2seq.checkpoint import build_model, load
@@ -56,12 +56,17 @@ def main(argv: list[str] | None = None) -> None:
         record = load(args.model)
         data = TaskData(**record.settings["data"])
     except (FileNotFoundError, ValueError) as error:
-        raise SystemExit(f"python -m seq2seq.decode: error: {error}") from None
+        raise SystemExit(f"python -m seq2seq.decode: error: {one_line(error)}") from None
     except (KeyError, TypeError) as error:  # a file written by other code than seq2seq.train
         raise SystemExit(f"python -m seq2seq.decode: error: {args.model} holds no usable task "
-                         f"settings (settings['data']): {error}") from None
-    model = build_model(record, args.variant).to(args.device).eval()
-    print(f"{args.variant or record.variant}: {args.model} ({record.variant} trained it), "
+                         f"settings (settings['data']): {one_line(error)}") from None
+    variant = args.variant or record.variant
+    try:  # NaN weights, or an outside variant that cannot be imported or does not fit the weights
+        model = build_model(record, variant).to(args.device).eval()
+    except (LookupError, ValueError) as error:
+        raise SystemExit(f"python -m seq2seq.decode: error: cannot build {variant} from "
+                         f"{args.model}: {one_line(error)}") from None
+    print(f"{variant}: {args.model} ({record.variant} trained it), "
           f"{data.task}", file=sys.stderr)
     if args.show > 0:
         src, _ = held_out_batch(data.task, args.show, seed=data.seed, **data.shape())

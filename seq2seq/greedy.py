@@ -81,14 +81,16 @@ def greedy_decode(
     """Most likely token at each step, batched: (B, S) source ids -> (B, L) target ids.
 
     Every row starts with ``bos_id``; after a row's ``eos_id`` it holds ``config.pad_id``.
-    ``L <= max_len`` counts BOS; L is shorter when every row has reached EOS earlier.
+    ``L <= max_len`` counts BOS; L is shorter when every row has reached EOS earlier: EOS
+    chosen at the first step everywhere gives (B, 2) rows of BOS, EOS. ``max_len=1`` gives the
+    BOS column alone; ``max_len`` has no default (None is a ``TypeError``).
     ``src_mask`` masks source keys, e.g. ``padding_mask(src, pad_id)`` of shape (B, 1, 1, S);
     ``None`` attends everywhere, as in ``encode``. ``use_cache=False`` decodes by full recompute
     even where the model has a cache (the tokens are the same). Dropout is the caller's
     business: put the model in eval mode first for deterministic output. The model's mode is
     left unchanged.
     """
-    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache)
+    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache, max_len_may_be_none=False)
     pad_id = config.pad_id
     next_token_logp = NextToken(model, src, src_mask, use_cache)
     batch = src.shape[0]
@@ -107,10 +109,11 @@ def greedy_decode(
 
 def check_arguments(
     model: object, src_mask: object, max_len: object, bos_id: object, eos_id: object,
-    use_cache: object,
+    use_cache: object, *, max_len_may_be_none: bool = True,
 ) -> TransformerConfig:
     """Everything ``encode`` does not check itself; raises before any tensor work. ``max_len``
-    None (beam search's default) is not checked."""
+    None is beam search's default (a length from each source); greedy decoding has none, and
+    refuses it (``max_len_may_be_none=False``)."""
     if not isinstance(model, nn.Module) or not all(
         callable(getattr(model, method, None)) for method in ("encode", "decode", "project")
     ):
@@ -123,6 +126,9 @@ def check_arguments(
         raise TypeError(f"model.config must be a TransformerConfig, got {type(config).__name__}")
     if not isinstance(use_cache, bool):
         raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__} {use_cache!r}")
+    if max_len is None and not max_len_may_be_none:
+        raise TypeError("max_len must be an int, the longest output counting BOS, in "
+                        f"[1, max_seq_len={config.max_seq_len}]; greedy decoding has no default, got None")
     lengths = [] if max_len is None else [("max_len", max_len)]
     for name, value in (*lengths, ("bos_id", bos_id), ("eos_id", eos_id)):
         if isinstance(value, bool) or not isinstance(value, int):

@@ -15,6 +15,7 @@ predicts ``tgt[:, 1:]``, padding excluded from the loss. Works with any model fr
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -38,8 +39,8 @@ class Recipe:
     def __post_init__(self) -> None:
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
             raise ValueError(f"Recipe.warmup must be a positive int, got {self.warmup!r}")
-        if not self.lr_factor > 0:
-            raise ValueError(f"Recipe.lr_factor must be positive, got {self.lr_factor!r}")
+        if not 0 < self.lr_factor < math.inf:  # an infinite rate trains to NaN weights
+            raise ValueError(f"Recipe.lr_factor must be positive and finite, got {self.lr_factor!r}")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"Recipe.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
 

@@ -24,9 +24,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from common.cli import Parser, config_or_exit, device_or_exit, positive
+from common.cli import Parser, config_or_exit, device_or_exit, one_line, positive
 from seq2seq import distributed, tasks
-from seq2seq.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint, save
+from seq2seq.checkpoint import (
+    checkpoint_path,
+    directory_problem,
+    latest_checkpoint,
+    load_checkpoint,
+    save,
+)
 from seq2seq.distributed import World
 from seq2seq.evaluation import accuracy_line, held_out_accuracy
 from seq2seq.recipe import Recipe, StepReport
@@ -61,7 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     A bad value is a one-line usage error (exit status 2): ``TaskData`` (through
     ``tasks.check_settings``) checks the task settings, ``TransformerConfig`` the model's and
-    ``Recipe`` the optimiser's.
+    ``Recipe`` the optimiser's; the device must hold values, and ``--checkpoint-dir`` must take
+    files (it is created here), so that no run fails at its first save.
     """
     parser = Parser(
         prog="python -m seq2seq.train",
@@ -122,6 +129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         share_embeddings=args.share_embeddings,
     )  # the longest target is BOS, max_len tokens, EOS
     args.device = device_or_exit(parser, args.device)
+    # last, since it creates the directory: a run must not fail at its first save, hours in
+    if args.checkpoint_dir is not None and (problem := directory_problem(args.checkpoint_dir)):
+        parser.error(f"--checkpoint-dir {problem}")
     return args
 
 
@@ -167,9 +177,9 @@ def _resume(args: argparse.Namespace, trainer: Trainer) -> None:
         trainer.restore(load_checkpoint(path), args.variant)
         if trainer.step >= args.steps:
             raise ValueError(f"it is at step {trainer.step}; ask for more --steps to continue")
-    except ValueError as error:
+    except (OSError, ValueError) as error:
         source = path or args.checkpoint_dir
-        message = f"python -m seq2seq.train: error: cannot resume from {source}: {error}"
+        message = f"python -m seq2seq.train: error: cannot resume from {source}: {one_line(error)}"
         sys.exit(message if trainer.world.is_main else 1)
 
 
@@ -181,7 +191,11 @@ def _train(args: argparse.Namespace, trainer: Trainer) -> list[float]:
         if args.checkpoint_dir is not None and due:
             checkpoint = trainer.checkpoint(args.variant)  # collective: every rank calls it
             if checkpoint is not None:
-                save(checkpoint, checkpoint_path(args.checkpoint_dir, report.step))
+                path = checkpoint_path(args.checkpoint_dir, report.step)
+                try:
+                    save(checkpoint, path)
+                except OSError as error:  # a disk that filled up, or a directory removed, mid-run
+                    sys.exit(f"python -m seq2seq.train: error: cannot write {path}: {one_line(error)}")
 
     if not trainer.world.is_main:
         return trainer.run(args.steps, on_step=save_when_due)

@@ -23,9 +23,17 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from common.weights import export_weights, import_weights
+from common.cli import first_line
+from common.weights import apply_import, export_weights, prepare_import
 from seq2seq import distributed
-from seq2seq.checkpoint import Checkpoint, capture_rng, check_resumable, restore_rng
+from seq2seq.checkpoint import (
+    Checkpoint,
+    capture_rng,
+    check_resumable,
+    generator_problems,
+    restore_rng,
+    rng_problems,
+)
 from seq2seq.distributed import SINGLE, World
 from seq2seq.recipe import Recipe, StepReport, make_optimizer, train_step
 from seq2seq.tasks import TaskBatches
@@ -117,19 +125,96 @@ class Trainer:
     def restore(self, checkpoint: Checkpoint, variant: str) -> None:
         """Continue from ``checkpoint``: weights, Adam, schedule, batch stream and this rank's RNG.
 
-        Refused with a ``ValueError`` naming every difference, before anything changes, unless
-        it was written by a run of ``variant`` with this config and these settings on as many
-        processes.
+        All or nothing. Refused with a ``ValueError`` naming every difference unless it was
+        written by a run of ``variant`` with this config and these settings on as many
+        processes; then every part is checked — the weights, Adam's and the schedule's states
+        (loaded into a scratch optimiser first), the RNG states (set on scratch generators) —
+        and only then is anything applied. A refused checkpoint leaves the run exactly as it
+        was: weights, Adam, step, RNG and batch stream.
         """
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"checkpoint must be a Checkpoint, got {type(checkpoint).__name__}")
         check_resumable(checkpoint, variant=variant, config=self.model.config,
                         settings=self.settings(), processes=self.world.size)
-        import_weights(self.model, checkpoint.weights, config=checkpoint.config)
+        weights = prepare_import(self.model, checkpoint.weights, config=checkpoint.config)
+        problems = self._schedule_problems(checkpoint)
+        problems += rng_problems(checkpoint.rng[self.world.rank], self.device)
+        problems += generator_problems("data_rng", checkpoint.data_rng, self.batches.generator.device)
+        if problems:
+            raise ValueError("checkpoint cannot be restored:\n  " + "\n  ".join(problems))
+        # every part has been checked: from here on nothing can fail half way
+        apply_import(self.model, weights)
         self.optimizer.load_state_dict(checkpoint.optimizer)
         self.scheduler.load_state_dict(checkpoint.scheduler)
         self.batches.generator.set_state(checkpoint.data_rng)
         restore_rng(checkpoint.rng[self.world.rank], self.device)
+
+    def _schedule_problems(self, checkpoint: Checkpoint) -> list[str]:
+        """What is wrong with the checkpoint's Adam and schedule states, found by loading them
+        into a scratch optimiser and schedule over this model's parameters (which a load does
+        not change) and checking what torch's loaders do not: each moment's shape and
+        finiteness, and the schedule's fields and step."""
+        optimizer, scheduler = make_optimizer(self.model, self.recipe)
+        params = [param for group in optimizer.param_groups for param in group["params"]]
+        problems = _adam_problems(checkpoint.optimizer, params)
+        problems += _schedule_state_problems(checkpoint.scheduler, scheduler.state_dict(), checkpoint.step)
+        if problems:
+            return problems
+        try:
+            optimizer.load_state_dict(checkpoint.optimizer)
+            scheduler.load_state_dict(checkpoint.scheduler)
+        except (KeyError, TypeError, ValueError, RuntimeError) as error:
+            return [f"optimizer or scheduler: torch cannot load them ({first_line(error)})"]
+        return []
+
+
+def _adam_problems(state: object, params: list[Tensor]) -> list[str]:
+    """Adam's state dict against the parameters it must fit: every moment of parameter i has
+    its shape and is finite (``load_state_dict`` checks the groups, not the tensors)."""
+    if not isinstance(state, dict) or not isinstance(state.get("state"), dict) \
+            or not isinstance(state.get("param_groups"), list):
+        return ["optimizer: expected Adam's state_dict, a dict with 'state' and 'param_groups'"]
+    problems = []
+    for index, entry in state["state"].items():
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(params):
+            problems.append(f"optimizer.state: entry {index!r} names no parameter "
+                            f"(there are {len(params)})")
+            continue
+        if not isinstance(entry, dict):
+            problems.append(f"optimizer.state[{index}]: expected a dict, got {type(entry).__name__}")
+            continue
+        for key, value in entry.items():
+            where, shape = f"optimizer.state[{index}][{key!r}]", tuple(params[index].shape)
+            if not isinstance(value, Tensor):
+                problems.append(f"{where}: expected a tensor, got {type(value).__name__}")
+            elif value.ndim > 0 and tuple(value.shape) != shape:
+                problems.append(f"{where}: shape {tuple(value.shape)}, its parameter has {shape}")
+            elif not torch.isfinite(value).all():
+                problems.append(f"{where}: holds NaN or inf")
+    return problems
+
+
+def _schedule_state_problems(stored: object, fresh: dict, step: int) -> list[str]:
+    """The schedule's state dict against a fresh one's: the same fields, of the same types,
+    lists of the same lengths, and at the checkpoint's step."""
+    if not isinstance(stored, dict):
+        return [f"scheduler: expected a dict, got {type(stored).__name__}"]
+    problems = [f"scheduler: missing field {key}" for key in fresh if key not in stored]
+    problems += [f"scheduler: unexpected field {key}" for key in stored if key not in fresh]
+    for key, value in fresh.items():
+        if key not in stored:
+            continue
+        if type(stored[key]) is not type(value):
+            problems.append(f"scheduler.{key}: expected {type(value).__name__}, "
+                            f"got {type(stored[key]).__name__}")
+        elif isinstance(value, list) and len(stored[key]) != len(value):
+            problems.append(f"scheduler.{key}: {len(stored[key])} entries, expected {len(value)}")
+    if not problems and stored["lr_lambdas"] != fresh["lr_lambdas"]:
+        # LambdaLR copies these into the schedule function's attributes
+        problems.append(f"scheduler.lr_lambdas: {stored['lr_lambdas']!r}, expected {fresh['lr_lambdas']!r}")
+    if not problems and stored["last_epoch"] != step:
+        problems.append(f"scheduler.last_epoch: {stored['last_epoch']}, but the checkpoint is at step {step}")
+    return problems
 
 
 def train(

@@ -87,6 +87,7 @@ def test_loss_sums_add_up_over_shards_and_give_the_mean():
 
 def test_bad_recipe_values_are_named():
     for changes, field in ((dict(warmup=0), "warmup"), (dict(lr_factor=0.0), "lr_factor"),
+                           (dict(lr_factor=float("inf")), "lr_factor"),
                            (dict(label_smoothing=1.0), "label_smoothing")):
         with pytest.raises(ValueError, match=field):
             Recipe(**changes)

@@ -147,7 +147,24 @@ CASES = {
                                   r"tgt_mask of shape \(1, 1, 4, 4\) " + TGT_MASK),
     "tgt-mask-wrong-length-forward": Case("forward", lambda g: {"tgt_mask": causal_mask(6)}, ValueError,
                                           r"tgt_mask of shape \(1, 1, 6, 6\) " + TGT_MASK),
+    # --- masks of rank 2 or 3 whose first axis has the batch size: refused, with the layout to use
+    "src-mask-batch-first-rank-3": Case("encode", lambda g: {"src_mask": g["src_mask"][:, 0]}, ValueError,
+                                        r"src_mask of shape \(3, 1, 7\) is ambiguous: .* B=3.*"
+                                        r"src_mask\[:, None\] of shape \(3, 1, 1, 7\)"),
+    "src-mask-batch-first-rank-3-decode": Case("decode", lambda g: {"src_mask": g["src_mask"][:, 0]},
+                                               ValueError, r"src_mask of shape \(3, 1, 7\) is ambiguous"),
+    "src-key-mask-rank-2": Case("encode", lambda g: {"src_mask": g["src_mask"][:, 0, 0]}, ValueError,
+                                r"src_mask of shape \(3, 7\) is ambiguous: .*"
+                                r"src_mask\[:, None, None\] of shape \(3, 1, 1, 7\)"),
+    "tgt-mask-batch-first-rank-3-forward": Case("forward", lambda g: {"tgt_mask": g["tgt_mask"][:, 0]},
+                                                ValueError, r"tgt_mask of shape \(3, 5, 5\) is ambiguous"),
     # --- project
+    "hidden-empty": Case("project", lambda g: {"hidden": g["hidden"][:0]}, ValueError,
+                         r"hidden is empty: shape \(0, 5, 32\)"),
+    "hidden-no-positions": Case("project", lambda g: {"hidden": g["hidden"][:, :0]}, ValueError,
+                                r"hidden is empty: shape \(3, 0, 32\)"),
+    "hidden-rank-2": Case("project", lambda g: {"hidden": g["hidden"][0]}, ValueError,
+                          r"hidden must have shape \(B, T, d_model=32\), got \(5, 32\)"),
     "hidden-wrong-width": Case("project", lambda g: {"hidden": g["hidden"][..., :16]}, ValueError,
                                r"hidden must have last dimension d_model=32, got shape \(3, 5, 16\)"),
     "hidden-integer": Case("project", lambda g: {"hidden": g["hidden"].long()}, TypeError,
@@ -272,3 +289,37 @@ def as_4d(mask: torch.Tensor | None) -> torch.Tensor | None:
     if mask is None:
         return None
     return mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape)).expand(BATCH, -1, -1, -1)
+
+
+# --- masks whose meaning would hang on a coincidence of sizes ---------------------------------
+
+
+def test_a_batch_first_rank_3_mask_is_refused_when_the_batch_equals_n_heads(variant):
+    """Read from the right, a (B, 1, S) mask is (H, T, S): with B = n_heads it would broadcast,
+    one batch row's mask applied as each head's, and the output would be silently wrong."""
+    model = build(variant, CONFIG, seed=0).eval()
+    batch = CONFIG.n_heads
+    src, _, src_mask, _ = random_batch(CONFIG, batch, SRC_LEN, TGT_LEN).inputs()  # (4, 1, 1, 7)
+    with pytest.raises(ValueError, match=r"src_mask of shape \(4, 1, 7\) is ambiguous: .* B=4.* "
+                                         r"H \(heads\).*src_mask\[:, None\] of shape \(4, 1, 1, 7\)"):
+        model.encode(src, src_mask[:, 0])
+
+
+def test_a_2d_key_mask_is_refused_when_the_batch_equals_the_query_length(variant):
+    """Read from the right, a (B, S) key mask is (T_query, T_key): with B = S in the encoder's
+    self-attention it would broadcast, row b's mask applied to query b of every sequence."""
+    model = build(variant, CONFIG, seed=0).eval()
+    src, _, src_mask, _ = random_batch(CONFIG, SRC_LEN, SRC_LEN, TGT_LEN).inputs()  # (7, 1, 1, 7)
+    with pytest.raises(ValueError, match=r"src_mask of shape \(7, 7\) is ambiguous: .* B=7.* "
+                                         r"T_query \(queries\).*src_mask\[:, None, None\]"):
+        model.encode(src, src_mask[:, 0, 0])
+
+
+def test_the_four_axis_form_of_a_refused_mask_is_accepted(variant):
+    """The layout the message names runs, and equals the batch-first mask applied row by row."""
+    model = build(variant, CONFIG, seed=0).eval()
+    src, _, src_mask, _ = random_batch(CONFIG, CONFIG.n_heads, SRC_LEN, TGT_LEN).inputs()
+    with torch.no_grad():
+        whole = model.encode(src, src_mask[:, 0][:, None])
+        rows = torch.cat([model.encode(src[b:b + 1], src_mask[b:b + 1]) for b in range(len(src))])
+    torch.testing.assert_close(whole, rows)
