@@ -74,8 +74,10 @@ def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: 
       encoder:  8SD^2 (Q, K, V, O) + 4S^2 D (QK^T, AV) + 4SDF (FFN)
       decoder:  8TD^2 + 4T^2 D (self)  +  4TD^2 + 4SD^2 + 4TSD (cross)  +  4TDF (FFN)
       generator: 2TDV once.
-    Causal attention is counted in full (every variant computes the whole T x T matrix);
-    softmax, LayerNorm, dropout and embeddings are not counted.
+    Causal attention is counted in full (every variant computes the whole T x T matrix).
+    Left out, as elementwise work beside the matmuls: softmax, LayerNorm, dropout, ReLU, the
+    embedding lookup and its scaling, the positional encodings, bias and residual adds, and the
+    loss. ``torch.utils.flop_counter.FlopCounterMode`` counts exactly this in every row.
     """
     c = config
     d, f, n = c.d_model, c.d_ff, c.n_layers
@@ -87,7 +89,11 @@ def forward_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: 
 
 
 def train_flops(config: TransformerConfig, batch: int, src_len: int, tgt_len: int) -> int:
-    """FLOPs of forward + backward: the backward pass does twice the forward's matmuls."""
+    """FLOPs of forward + backward: 3x ``forward_flops``. The backward of each matmul is two of
+    the same size, one for the gradient of each operand (every operand needs one: weights are
+    trained, and even the first layer's input leads back to the trained embeddings). The
+    optimiser step is not counted, nor is the QKᵀ that a fused attention kernel's backward
+    recomputes (SDPA's: the computation's matmuls are counted, not a kernel's schedule)."""
     return 3 * forward_flops(config, batch, src_len, tgt_len)
 
 

@@ -16,6 +16,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -58,6 +59,28 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, TransformerC
         if len(args.tokens) > args.max_len:
             parser.error(f"--tokens has {len(args.tokens)} ids, more than --max-len {args.max_len}")
     return args, config
+
+
+class AttentionPicture(NamedTuple):
+    """What the attention picture draws."""
+
+    weights: Tensor  # (H, S, S) one layer's self-attention weights, padding keys' columns zero
+    tokens: list[int]  # the source ids, which label both axes
+    title: str
+
+
+def attention_picture(config: TransformerConfig, seed: int, tokens: list[int] | None,
+                      layer: int) -> AttentionPicture:
+    """Encoder layer ``layer``'s self-attention of a mathfirst model seeded with ``seed``, over
+    ``tokens`` (None: 12 ids drawn with ``seed``), under the source's padding mask."""
+    model = build("mathfirst", config, seed=seed)
+    if tokens is None:
+        generator = torch.Generator().manual_seed(seed)
+        src = torch.randint(1, config.src_vocab_size, (1, 12), generator=generator)  # (1, S)
+    else:
+        src = torch.tensor([tokens])  # (1, S)
+    weights = encoder_attention(model, src, layer)  # (H, S, S)
+    return AttentionPicture(weights, src[0].tolist(), f"Encoder layer {layer} self-attention (seed {seed})")
 
 
 def encoder_attention(model: nn.Module, src: Tensor, layer: int) -> Tensor:
@@ -135,16 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     draw_positional_encoding(plt, sinusoid_table(args.max_len, args.d_model), args.out / PE_FILE)
 
-    model = build("mathfirst", config, seed=args.seed)
-    if args.tokens is None:
-        generator = torch.Generator().manual_seed(args.seed)
-        src = torch.randint(1, VOCAB_SIZE, (1, 12), generator=generator)  # (1, S)
-    else:
-        src = torch.tensor([args.tokens])  # (1, S)
-    weights = encoder_attention(model, src, args.layer)  # (H, S, S)
-    draw_attention(plt, weights, src[0].tolist(),
-                   f"Encoder layer {args.layer} self-attention (seed {args.seed})",
-                   args.out / ATTENTION_FILE)
+    picture = attention_picture(config, args.seed, args.tokens, args.layer)
+    draw_attention(plt, picture.weights, picture.tokens, picture.title, args.out / ATTENTION_FILE)
 
 
 if __name__ == "__main__":

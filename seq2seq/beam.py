@@ -11,8 +11,12 @@ BOS not. Each step extends every live hypothesis by every token and keeps the ``
 best extensions; those that end — with EOS, or at the length limit — leave the beam as finished
 hypotheses, the rest stay live. A source is done when no live hypothesis can beat its best
 finished one any more: a live log-probability only falls as it grows, so the most it can still
-score is its log-probability over lp at the length limit. With ``beam_size=1`` this is greedy
-decoding: the one extension kept is the most likely token, and EOS ends the search.
+score is its log-probability over lp at the length limit, the longest it can still reach (a
+bound taken at the current length would stop too early, and lose a long hypothesis that the
+penalty favours). A finished hypothesis is final: it never grows and its score never changes.
+With ``beam_size=1`` this is greedy decoding: the one extension kept is the most likely token,
+and EOS ends the search. With ``max_len=1`` no id fits after BOS: the result is BOS alone, the
+empty hypothesis, scored log 1 / lp(0) = 0, as greedy decoding returns BOS alone.
 
 Batched over B sources x k beams, as B·k rows: the cache (``seq2seq.greedy.NextToken``) is
 expanded to B·k rows once, then after every step reordered by each surviving hypothesis's
@@ -94,7 +98,9 @@ def beam_search(
     scores[:, 0] = 0.0  # the k beams start as one hypothesis: BOS
     best_tokens = torch.full((batch, int(limit.max()) + 1), config.pad_id, device=device)  # (B, L)
     best_tokens[:, 0] = bos_id
-    best_scores = torch.full((batch,), -math.inf, dtype=dtype, device=device)  # (B,)
+    # the empty hypothesis (log P = 0) is the best of a row with no room after BOS; any other
+    # row's first finished hypothesis replaces -inf
+    best_scores = torch.where(limit == 0, 0.0, -math.inf).to(dtype)  # (B,)
     best_length = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) |Y| of the best
     for length in range(1, int(limit.max()) + 1):  # |Y| after this step
         logp = next_token_logp(tokens).view(batch, k, vocab)  # (B, k, V)
