@@ -166,6 +166,7 @@ def test_max_seq_len_lets_a_preset_run_longer_sequences():
     assert logp.shape == (1, 3, settings.config.tgt_vocab_size) and torch.isfinite(logp).all()
 
 
+@pytest.mark.slow  # a fresh interpreter; the in-process bad-option tests above run by default
 def test_bad_option_from_the_shell_is_one_line_and_no_traceback():
     done = run_compare("--preset", "tiny", "--batch", "0")
     assert done.returncode == 2

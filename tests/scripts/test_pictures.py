@@ -19,6 +19,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*COMMAND, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # the pictures' data is checked by test_pictures_data.py; this draws the PNGs
 def test_writes_both_pictures(tmp_path):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
