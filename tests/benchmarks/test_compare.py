@@ -102,6 +102,7 @@ def test_table_format_prints_one_table_with_a_header_line(capsys):
     assert "explicit" in body and "torch" in body and "einsum" not in body
 
 
+@pytest.mark.slow  # a full compare.py run over two shapes (about 5 s)
 def test_several_lengths_give_one_block_per_shape(tmp_path, capsys):
     output = tmp_path / "run.csv"
     compare_in_process(capsys, *FAST, "--variants", "torch", "--batch", "2", "3", "--src-len", "8",

@@ -75,6 +75,7 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
 # --- compare.py --plot ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a compare.py run and a matplotlib draw (about 4 s)
 def test_compare_draws_the_plot_it_is_asked_for(tmp_path, capsys):
     path = tmp_path / "run.png"
     assert main(["--preset", "tiny", "--rounds", "1", "--min-run-time", "0.02", "--threads", "1",

@@ -114,6 +114,7 @@ def test_the_shards_hold_different_token_counts():
     assert counts[0] != counts[1] and counts[0] / 4 != counts[1] / 3, counts
 
 
+@pytest.mark.slow  # two gloo processes (about 7 s); rank seeding is checked in-process by default
 def test_two_processes_equal_one_on_the_whole_batch(tmp_path):
     """Fast: one variant, five Adam steps, float64, dropout 0; about 5 s (two fresh processes)."""
     check_ddp_equals_one_process(("explicit",), tmp_path)
