@@ -11,7 +11,6 @@ the times.
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
-    python compare.py --all-decoders --wide             # every decoder, every column
 
 This file is the command line only: options -> ``benchmarks.settings.Settings`` ->
 ``benchmarks.run.run`` -> ``benchmarks.render.render``. The method is in ``benchmarks/``.
@@ -26,7 +25,7 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.plot import matplotlib_problem, path_problem, plot
-from benchmarks.render import FORMATS, render
+from benchmarks.render import FORMATS, render, write_table
 from benchmarks.run import run
 from benchmarks.settings import Settings
 from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
@@ -133,16 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     settings, args = parse_args(argv)
     report = run(settings)
     text = render(report, args.format, wide=args.wide)
-    if args.output:
-        try:
-            with open(args.output, "w") as out:
-                out.write(text)
-        except OSError as error:  # checked before timing, so only a disk that filled up, say
-            sys.stdout.write(text)  # the run's result is not lost
-            sys.exit(f"compare.py: error: cannot write {args.output} ({error.strerror or error}); "
-                     "the table is on stdout instead")
-    else:
-        sys.stdout.write(text)
+    if problem := write_table(text, args.output):
+        sys.exit(f"compare.py: error: {problem}")
     if args.plot:
         plot(report, args.plot)
     for written in (args.output, args.plot):

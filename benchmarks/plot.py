@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from common.cli import write_probe
 from variants import REFERENCE
 
 EXTRA_HINT = "--plot needs matplotlib: pip install -e '.[plot]' (the plot extra)"
@@ -35,21 +36,9 @@ def path_problem(path: str, option: str = "--plot", suffix: str | None = ".png")
         return f"{option} {path!r}: {str(folder)!r} is a file, not a directory"
     if not folder.is_dir():
         return f"{option} {path!r}: no directory {str(folder)!r}"
-    if not _can_create_in(folder) or (target.exists() and not os.access(target, os.W_OK)):
+    if write_probe(folder) or (target.exists() and not os.access(target, os.W_OK)):
         return f"{option} {path!r} is not writable"
     return None
-
-
-def _can_create_in(folder: Path) -> bool:
-    """Whether a file can be created in ``folder`` (one is, and removed again)."""
-    probe = folder / f".write-probe-{os.getpid()}.tmp"
-    try:
-        with open(probe, "xb"):
-            pass
-        probe.unlink()
-    except OSError:
-        return False
-    return True
 
 
 def matplotlib_problem() -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 
 import tabulate as tabulate_module
 from tabulate import tabulate, tabulate_formats
@@ -81,6 +82,21 @@ def render(report: dict, fmt: str, wide: bool = False) -> str:
         parts.append("\n".join([*header_lines(meta, block), table(lines, headers, fmt),
                                 *(f"  {note}" for note in notes(meta, block, wide))]))
     return "\n\n".join(parts) + "\n"
+
+
+def write_table(text: str, path: str | None) -> str | None:
+    """The rendered report to ``path``, or to stdout when None. A failed write (the path was
+    checked before timing, so a disk that filled up, say) puts it on stdout and says why."""
+    if path is None:
+        sys.stdout.write(text)
+        return None
+    try:
+        with open(path, "w") as out:
+            out.write(text)
+    except OSError as error:
+        sys.stdout.write(text)  # the run's result is not lost
+        return f"cannot write {path} ({error.strerror or error}); the table is on stdout instead"
+    return None
 
 
 def table(lines: list[list[str]], headers: list[str], fmt: str) -> str:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import secrets
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -55,6 +57,19 @@ def config_or_exit(parser: argparse.ArgumentParser, base: TransformerConfig | No
         return base.replace(**fields) if base is not None else TransformerConfig(**fields)
     except (TypeError, ValueError) as error:
         parser.error(str(error))
+
+
+def write_probe(folder: str | os.PathLike) -> OSError | None:
+    """Create and remove a small file in ``folder``: the error that stops it, or None. Catches
+    what permission bits do not show (a read-only file system, root), before a long run starts."""
+    probe = os.path.join(folder, f".write-probe.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(probe, "xb"):
+            pass
+        os.unlink(probe)
+    except OSError as error:
+        return error
+    return None
 
 
 def device_or_exit(parser: argparse.ArgumentParser, name: str, option: str = "--device") -> torch.device:

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from common.cli import first_line
+from common.cli import first_line, write_probe
 from common.config import TransformerConfig
 from common.weights import import_weights
 from variants import build
@@ -396,11 +396,9 @@ def directory_problem(directory: str | os.PathLike, named: str | os.PathLike | N
             break
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / f".write-probe.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        with open(probe, "xb"):
-            pass
-        probe.unlink()
     except OSError as error:
+        return f"{named}: cannot write files in {directory} ({error.strerror or first_line(error)})"
+    if error := write_probe(directory):
         return f"{named}: cannot write files in {directory} ({error.strerror or first_line(error)})"
     return None
 

@@ -350,3 +350,15 @@ def test_the_fused_row_names_its_sdpa_kernel_and_a_from_scratch_row_none(tiny_re
     assert rows["explicit"]["sdpa_backend"] is None and rows["explicit"]["sdpa_backend_train"] is None
     note = next(line for line in render(tiny_report, "github").splitlines() if "SDPA kernel" in line)
     assert f"fused forward {rows['fused']['sdpa_backend']}" in note and "explicit" not in note
+
+
+def test_a_table_that_cannot_be_written_goes_to_stdout_with_the_reason(tmp_path, capsys):
+    """The output path is checked before timing; if writing still fails at the end (here: the
+    path became a directory), the measured table is not lost."""
+    from benchmarks.render import write_table
+
+    assert write_table("| table |\n", str(tmp_path / "run.md")) is None
+    assert (tmp_path / "run.md").read_text() == "| table |\n" and capsys.readouterr().out == ""
+    problem = write_table("| table |\n", str(tmp_path))
+    assert problem.startswith(f"cannot write {tmp_path} (") and "on stdout instead" in problem
+    assert capsys.readouterr().out == "| table |\n"
