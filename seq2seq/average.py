@@ -59,12 +59,22 @@ def average_files(paths: Sequence[str | os.PathLike]) -> ModelFile:
         if record.config != last.config:
             raise ValueError(f"{path} has another config than {paths[-1]}: {record.config} "
                              f"against {last.config}")
+        if not _same_vocabulary(record.vocabulary, last.vocabulary):
+            raise ValueError(f"{path} has another subword vocabulary than {paths[-1]}")
         not_finite = [name for name, tensor in record.weights.items() if not torch.isfinite(tensor).all()]
         if not_finite:
             raise ValueError(f"{path} holds NaN or inf in {len(not_finite)} weights, first "
                              f"{not_finite[0]}; a mean over it would be NaN or inf too")
     return ModelFile(variant=last.variant, config=last.config, settings=last.settings,
-                     weights=average_weights([record.weights for record in records]))
+                     weights=average_weights([record.weights for record in records]),
+                     vocabulary=last.vocabulary)
+
+
+def _same_vocabulary(first: Tensor | None, second: Tensor | None) -> bool:
+    """Whether two stored vocabularies (serialized, or None) are the same."""
+    if first is None or second is None:
+        return first is second
+    return torch.equal(first, second)
 
 
 # --- command line --------------------------------------------------------------------------

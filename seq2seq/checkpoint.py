@@ -8,8 +8,9 @@ A **checkpoint** holds the weights in canonical form (``common.weights``), Adam'
 schedule's step, the RNG states (per process: torch's CPU generator and, on CUDA, the device's;
 once: the batch stream's generator), the config, the variant's name and the run's other
 settings. A **model file** (what ``python -m seq2seq.average`` writes) holds only the variant
-name, config, settings and canonical weights; every checkpoint is also a model file, and any
-variant can load either (``build_model``).
+name, config, settings and canonical weights, and a translation model's subword vocabulary
+(``vocabulary``, optional: files without it load with ``None``); every checkpoint is also a model
+file, and any variant can load either (``build_model``).
 
 Files are ``torch.save`` archives of plain dicts, lists, tuples, tensors, strings, numbers and
 None, read back with ``torch.load(weights_only=True)`` (no pickled code runs). ``save`` and
@@ -60,6 +61,9 @@ class ModelFile:
     config: TransformerConfig
     settings: Mapping[str, object]  # the run's other settings, e.g. {"data": {...}, "recipe": {...}}
     weights: Mapping[str, Tensor]  # canonical name -> tensor (common.weights)
+    # the subword vocabulary of a translation model (seq2seq.subwords), serialized as uint8;
+    # None for the synthetic tasks, and in files written before the field existed
+    vocabulary: Tensor | None = dataclasses.field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -75,10 +79,11 @@ class Checkpoint(ModelFile):
 
 # field -> its type in a file; ModelFile's fields come first
 _FIELDS: dict[str, type | tuple[type, ...]] = {
-    "variant": str, "config": dict, "settings": dict, "weights": dict,
+    "variant": str, "config": dict, "settings": dict, "weights": dict, "vocabulary": (Tensor, type(None)),
     "step": int, "optimizer": dict, "scheduler": dict, "rng": (list, tuple), "data_rng": Tensor,
 }
 _KINDS = {"model": ModelFile, "checkpoint": Checkpoint}
+_OPTIONAL = {"vocabulary": None}  # field -> its value in a file that lacks it (an older file)
 # what torch.load(weights_only=True) reads back, besides tensors: exactly these types
 _PLAIN = (dict, list, tuple, str, int, float, bool, type(None))
 # the temporary file of a write: .NAME.PID.RANDOM.tmp (PID: the writing process)
@@ -233,7 +238,8 @@ def load(path: str | os.PathLike) -> ModelFile:
     if problems:
         raise ValueError(f"{path} is not a usable checkpoint:\n  " + "\n  ".join(problems))
     kind = _KINDS[payload["kind"]]
-    fields = {field.name: payload[field.name] for field in dataclasses.fields(kind)}
+    fields = {field.name: payload.get(field.name, _OPTIONAL.get(field.name))
+              for field in dataclasses.fields(kind)}
     try:
         fields["config"] = TransformerConfig(**fields["config"])
     except (TypeError, ValueError) as error:
@@ -279,7 +285,7 @@ def _problems(payload: object) -> list[str]:
     if payload.get("kind") not in _KINDS:
         return [f"unknown kind {payload.get('kind')!r}; expected one of {', '.join(_KINDS)}"]
     names = [field.name for field in dataclasses.fields(_KINDS[payload["kind"]])]
-    problems = [f"field {name}: missing" for name in names if name not in payload]
+    problems = [f"field {name}: missing" for name in names if name not in payload and name not in _OPTIONAL]
     problems += [f"field {name}: expected {_type_name(_FIELDS[name])}, got {type(payload[name]).__name__}"
                  for name in names if name in payload and not _is(payload[name], _FIELDS[name])]
     if problems:

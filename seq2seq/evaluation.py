@@ -1,14 +1,20 @@
 """Held-out evaluation: a held-out set no training stream draws (``held_out_batch``), the share
 of its rows that greedy decoding gets exactly right (``exact_match_accuracy``,
-``held_out_accuracy``), and the line the command lines report it in (``accuracy_line``).
+``held_out_accuracy``), and the line the command lines report it in (``accuracy_line``); for
+translation, corpus BLEU and chrF of detokenised text against several references each
+(``corpus_scores``, through sacreBLEU).
 
     src, tgt = held_out_batch("copy", 500, vocab_size=10, min_len=1, max_len=8, seed=0)
     accuracy = exact_match_accuracy(model, src, tgt)   # in [0, 1]
+    scores = corpus_scores(["Va !"], [["Va !", "Marche."]])  # Scores(bleu=100.0, chrf=100.0, ...)
 
 Decoding runs in eval mode (no dropout) and leaves the model's mode as it found it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -65,3 +71,52 @@ def accuracy_line(accuracy: float, size: int, task: str) -> str:
     """The held-out report line that ``python -m seq2seq.train`` and ``seq2seq.decode`` print."""
     return (f"held-out exact-sequence accuracy: {accuracy:.1%} "
             f"({round(accuracy * size)}/{size} {task} sequences, greedy)")
+
+
+# --- translation: corpus BLEU and chrF ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Corpus-level scores of a set of translations, with the sacreBLEU signatures that say how
+    they were computed (references per segment, tokenizer, smoothing, version)."""
+
+    bleu: float  # corpus BLEU, 0-100
+    chrf: float  # corpus chrF, 0-100
+    bleu_signature: str  # e.g. nrefs:var|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
+    chrf_signature: str
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[Sequence[str]]) -> Scores:
+    """sacreBLEU's corpus BLEU and chrF of detokenised ``hypotheses``, each against its own
+    references (one or more per hypothesis, as many as it has: multi-reference).
+
+    sacreBLEU tokenises itself (13a), so both sides are plain text, as a user reads it.
+    """
+    if isinstance(hypotheses, str) or not all(isinstance(h, str) for h in hypotheses):
+        raise TypeError("hypotheses must be a sequence of str")
+    if len(references) != len(hypotheses):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} reference sets")
+    if not hypotheses:
+        raise ValueError("nothing to score: no hypotheses")
+    for index, refs in enumerate(references):
+        if isinstance(refs, str) or not refs or not all(isinstance(r, str) for r in refs):
+            raise ValueError(f"references[{index}] must be a non-empty sequence of str, got {refs!r}")
+    metrics = _sacrebleu_metrics()
+    # sacreBLEU reads references as streams (the i-th reference of every segment); a segment
+    # with fewer references fills the rest with None, which it skips
+    streams = [[refs[i] if i < len(refs) else None for refs in references]
+               for i in range(max(len(refs) for refs in references))]
+    bleu, chrf = metrics.BLEU(), metrics.CHRF()
+    bleu_score = bleu.corpus_score(list(hypotheses), streams)
+    chrf_score = chrf.corpus_score(list(hypotheses), streams)
+    return Scores(bleu_score.score, chrf_score.score, str(bleu.get_signature()), str(chrf.get_signature()))
+
+
+def _sacrebleu_metrics():
+    """sacrebleu.metrics, or an ImportError saying which extra installs it."""
+    try:
+        from sacrebleu import metrics
+    except ImportError as error:
+        raise ImportError('translation scores need sacreBLEU: pip install -e ".[translate]"') from error
+    return metrics

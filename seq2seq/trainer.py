@@ -36,7 +36,6 @@ from seq2seq.checkpoint import (
 )
 from seq2seq.distributed import SINGLE, World
 from seq2seq.recipe import Recipe, StepReport, make_optimizer, train_step
-from seq2seq.tasks import TaskBatches
 
 
 class Trainer:
@@ -99,8 +98,11 @@ class Trainer:
 
     def settings(self) -> dict[str, object]:
         """What a resumed run must share with this one besides the variant and config."""
-        if not isinstance(self.batches, TaskBatches):
-            raise TypeError("checkpoints need a TaskBatches stream (its position is saved), "
+        # a seeded stream whose generator's state is its position: TaskBatches, TokenBatches
+        if not (dataclasses.is_dataclass(getattr(self.batches, "data", None))
+                and isinstance(getattr(self.batches, "generator", None), torch.Generator)):
+            raise TypeError("checkpoints need a seeded stream with settings (.data, a dataclass) "
+                            "and a position (.generator), such as TaskBatches or TokenBatches; "
                             f"got {type(self.batches).__name__}")
         return {"data": dataclasses.asdict(self.batches.data),
                 "recipe": dataclasses.asdict(self.recipe), "bf16": self.bf16}
