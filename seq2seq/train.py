@@ -1,21 +1,24 @@
-"""The command line that trains one variant on a synthetic task with the paper's recipe, then
-reports held-out exact-sequence accuracy of greedy decoding.
+"""The command line that trains one variant with the paper's recipe: on a synthetic task, then
+reporting held-out exact-sequence accuracy of greedy decoding; or on a real corpus
+(``--task translate``), then reporting test BLEU and chrF of greedy and beam-4 decoding.
 
     python -m seq2seq.train --variant explicit --task reverse --steps 300
     torchrun --standalone --nproc-per-node 2 -m seq2seq.train --checkpoint-dir runs/a --save-every 100
     python -m seq2seq.train --checkpoint-dir runs/a --steps 600 --resume
+    python -m seq2seq.train --task translate --data fra-eng.zip --preset cpu --checkpoint-dir runs/fr
 
 A thin shell over the library: ``seq2seq.tasks`` (the data stream), ``seq2seq.recipe`` (the
 recipe), ``seq2seq.trainer`` (the run, under torchrun one shard per process), ``seq2seq.checkpoint``
-and ``seq2seq.evaluation``. It parses and validates options, shows a tqdm progress bar on stderr
-(rank 0), writes checkpoints (rank 0), and prints the final loss and held-out accuracy on stdout
-(rank 0).
+and ``seq2seq.evaluation``; for translation ``seq2seq.corpus``, ``seq2seq.subwords`` and
+``seq2seq.translation``. It parses and validates options, shows a tqdm progress bar on stderr
+(rank 0), writes checkpoints (rank 0), and prints the results on stdout (rank 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -27,18 +30,44 @@ from tqdm import tqdm
 from common.cli import Parser, config_or_exit, device_or_exit, one_line, positive
 from seq2seq import distributed, tasks
 from seq2seq.checkpoint import (
+    Checkpoint,
     checkpoint_path,
     directory_problem,
     latest_checkpoint,
     load_checkpoint,
     save,
 )
+from seq2seq.corpus import CorpusSettings, load_corpus
 from seq2seq.distributed import World
-from seq2seq.evaluation import accuracy_line, held_out_accuracy
+from seq2seq.evaluation import Scores, accuracy_line, held_out_accuracy
 from seq2seq.recipe import Recipe, StepReport
+from seq2seq.subwords import Vocabulary, train_vocabulary
 from seq2seq.tasks import TaskBatches, TaskData
 from seq2seq.trainer import Trainer, seed_dropout
+from seq2seq.translation import (
+    PRESETS,
+    TokenBatches,
+    TranslationData,
+    TranslationSettings,
+    encode_pairs,
+    evaluate,
+    train_translation,
+    training_sentences,
+    translation_config,
+    validation_loss,
+)
 from variants import VARIANTS, build
+
+TRANSLATE = "translate"
+ATTRIBUTION = "www.manythings.org/anki and tatoeba.org"  # the Tatoeba exports' required credit
+# TranslationSettings field -> the option that sets it (and takes the preset's value as default)
+PRESET_OPTIONS = {
+    "vocabulary_size": "vocab", "d_model": "d_model", "n_heads": "heads", "n_layers": "layers",
+    "d_ff": "d_ff", "dropout": "dropout", "norm_first": "norm_first",
+    "share_embeddings": "share_embeddings", "batch_tokens": "batch_tokens", "warmup": "warmup",
+    "lr_factor": "lr_factor", "label_smoothing": "label_smoothing", "steps": "steps",
+    "minutes": "minutes", "eval_every": "eval_every",
+}
 
 
 @contextlib.contextmanager
@@ -63,21 +92,26 @@ def progress_bar(steps: int, done: int = 0) -> Iterator[Callable[[StepReport], N
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The options, checked by the code that owns each setting, plus ``data``, ``config`` and ``recipe``.
+    """The options, checked by the code that owns each setting, plus ``data``, ``config`` and
+    ``recipe`` (and for translation ``corpus`` and ``translation``).
 
     A bad value is a one-line usage error (exit status 2): ``TaskData`` (through
-    ``tasks.check_settings``) checks the task settings, ``TransformerConfig`` the model's and
-    ``Recipe`` the optimiser's; the device must hold values, and ``--checkpoint-dir`` must take
-    files (it is created here), so that no run fails at its first save.
+    ``tasks.check_settings``) checks the task settings, ``TransformerConfig`` the model's,
+    ``Recipe`` the optimiser's, ``CorpusSettings`` and ``TranslationSettings`` translation's; the
+    device must hold values, and ``--checkpoint-dir`` must take files (it is created here), so
+    that no run fails at its first save. With ``--task translate`` the ``--preset`` gives the
+    defaults of the model, recipe and run options, and any option given overrides it.
     """
     parser = Parser(
         prog="python -m seq2seq.train",
-        description="Train one variant on a synthetic task with the paper's recipe, then report "
-                    "held-out exact-sequence accuracy of greedy decoding. Under torchrun, each "
-                    "process trains on its share of every batch (DistributedDataParallel).",
+        description="Train one variant with the paper's recipe on a synthetic task (then report "
+                    "held-out exact-sequence accuracy of greedy decoding) or on a translation "
+                    "corpus (then report test BLEU and chrF of greedy and beam-4 decoding). Under "
+                    "torchrun, each process trains on its share of every batch "
+                    "(DistributedDataParallel).",
     )
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
-    parser.add_argument("--task", choices=tasks.TASKS, default="reverse")
+    parser.add_argument("--task", choices=(*tasks.TASKS, TRANSLATE), default="reverse")
     parser.add_argument("--steps", type=positive(int), default=300,
                         help="steps in all (a resumed run continues up to this many)")
     parser.add_argument("--batch", type=int, default=128,
@@ -96,9 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--d-ff", type=int, default=128)
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--norm-first", action="store_true", help="pre-norm instead of post-norm")
-    parser.add_argument("--share-embeddings", action="store_true",
+    parser.add_argument("--share-embeddings", action=argparse.BooleanOptionalAction, default=False,
                         help="one matrix for both embeddings and the generator (paper section 3.4); "
-                             "the tasks' source and target share one vocabulary")
+                             "the tasks' source and target share one vocabulary (translate: on)")
     parser.add_argument("--bf16", action="store_true",
                         help="forward pass under bfloat16 autocast (CPU or CUDA); off by default")
     parser.add_argument("--eval-size", type=positive(int), default=1000, help="held-out sequences")
@@ -113,9 +147,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-every", type=positive(int), default=None, metavar="STEPS")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir")
+    translation = parser.add_argument_group(
+        "translation (--task translate)",
+        "--vocab is the joint subword vocabulary's size; --steps, the model and the recipe "
+        "options default to the preset's values")
+    translation.add_argument("--data", type=Path, default=None, metavar="PATH",
+                             help="a manythings.org export: fra-eng.zip or its fra.txt")
+    translation.add_argument("--max-words", type=positive(int), default=8, metavar="N",
+                             help="keep English sentences of at most N words (default 8)")
+    translation.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
+                             help="model, batches and recipe sized for a 2-core CPU or one GPU")
+    translation.add_argument("--batch-tokens", type=positive(int), default=None,
+                             help="source + target positions per step, padding included")
+    translation.add_argument("--minutes", type=positive(float), default=None,
+                             help="stop after this much training time (validation not counted)")
+    translation.add_argument("--eval-every", type=positive(int), default=None, metavar="STEPS",
+                             help="validation loss and greedy BLEU every STEPS steps")
+    known, _ = parser.parse_known_args(argv)
+    if known.task == TRANSLATE:  # the preset's values become the defaults
+        preset = PRESETS[known.preset]
+        parser.set_defaults(**{option: getattr(preset, field) for field, option in PRESET_OPTIONS.items()})
     args = parser.parse_args(argv)
     if (args.resume or args.save_every) and args.checkpoint_dir is None:
         parser.error("--resume and --save-every need --checkpoint-dir")
+    if args.task == TRANSLATE:
+        _translation_args(parser, args)
+    else:
+        _task_args(parser, args)
+    args.device = device_or_exit(parser, args.device)
+    # last, since it creates the directory: a run must not fail at its first save, hours in
+    if args.checkpoint_dir is not None and (problem := directory_problem(args.checkpoint_dir)):
+        parser.error(f"--checkpoint-dir {problem}")
+    return args
+
+
+def _task_args(parser: Parser, args: argparse.Namespace) -> None:
+    """``data``, ``recipe`` and ``config`` of a synthetic task."""
+    if args.data is not None:
+        parser.error(f"--data is for --task {TRANSLATE}; {args.task} draws its own sequences")
     try:
         args.data = TaskData(args.task, args.batch, args.vocab, args.min_len, args.max_len, args.seed)
         args.recipe = Recipe(warmup=args.warmup, lr_factor=args.lr_factor,
@@ -128,11 +197,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         max_seq_len=args.max_len + 2, norm_first=args.norm_first, pad_id=tasks.PAD_ID,
         share_embeddings=args.share_embeddings,
     )  # the longest target is BOS, max_len tokens, EOS
-    args.device = device_or_exit(parser, args.device)
-    # last, since it creates the directory: a run must not fail at its first save, hours in
-    if args.checkpoint_dir is not None and (problem := directory_problem(args.checkpoint_dir)):
-        parser.error(f"--checkpoint-dir {problem}")
-    return args
+
+
+def _translation_args(parser: Parser, args: argparse.Namespace) -> None:
+    """``corpus``, ``translation``, ``recipe`` and ``config`` of a translation run."""
+    if args.data is None:
+        parser.error(f"--task {TRANSLATE} needs --data PATH, a manythings.org export such as "
+                     "fra-eng.zip (www.manythings.org/anki)")
+    if not args.data.is_file():
+        parser.error(f"--data {args.data}: no such file")
+    try:
+        args.corpus = CorpusSettings(str(args.data), max_words=args.max_words, split_seed=0)
+        args.translation = PRESETS[args.preset].replace(
+            **{field: getattr(args, option) for field, option in PRESET_OPTIONS.items()})
+        args.recipe = args.translation.recipe()
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+    settings = args.translation
+    args.config = config_or_exit(
+        parser, d_model=settings.d_model, n_heads=settings.n_heads, n_layers=settings.n_layers,
+        d_ff=settings.d_ff, dropout=settings.dropout, src_vocab_size=settings.vocabulary_size,
+        tgt_vocab_size=settings.vocabulary_size, max_seq_len=settings.max_seq_len,
+        norm_first=settings.norm_first, pad_id=tasks.PAD_ID, share_embeddings=settings.share_embeddings)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -144,9 +230,12 @@ def main(argv: list[str] | None = None) -> None:
     world = World.from_environment()
     device = distributed.device_for(args.device, world)
     with distributed.process_group(world, device):
+        if args.task == TRANSLATE:
+            _translate(args, world, device)
+            return
         trainer = _start(args, world, device)
         start = time.perf_counter()
-        losses = _train(args, trainer)
+        losses = _train(args, trainer, lambda on_step: trainer.run(args.steps, on_step=on_step))
         seconds = time.perf_counter() - start
         if world.is_main:
             _report(args, trainer, losses, seconds)
@@ -159,53 +248,156 @@ def _start(args: argparse.Namespace, world: World, device: torch.device) -> Trai
     seed_dropout(args.seed, world)
     if args.resume:
         _resume(args, trainer)
-    if world.is_main:
-        where = f"{world.size} processes on {device.type}" if world.size > 1 else str(device)
-        resumed = f", resuming at step {trainer.step}" if trainer.step else ""
-        print(f"{args.variant}: {args.task}, {sum(p.numel() for p in model.parameters()):,} parameters, "
-              f"{args.steps} steps of {args.batch} sequences on {where}{resumed}", file=sys.stderr)
+    _header(args, trainer, f"{args.task}, {args.steps} steps of {args.batch} sequences")
     return trainer
 
 
-def _resume(args: argparse.Namespace, trainer: Trainer) -> None:
-    """Restore the newest checkpoint in ``--checkpoint-dir``; one that is not this run's, or is
-    already at ``--steps``, ends the program with status 1 (rank 0 says why, naming every
-    difference)."""
+def _header(args: argparse.Namespace, trainer: Trainer, what: str) -> None:
+    """The run's first line, on stderr (rank 0)."""
+    if trainer.world.is_main:
+        world = trainer.world
+        where = f"{world.size} processes on {trainer.device.type}" if world.size > 1 else str(trainer.device)
+        resumed = f", resuming at step {trainer.step}" if trainer.step else ""
+        parameters = sum(p.numel() for p in trainer.model.parameters())
+        print(f"{args.variant}: {what}, {parameters:,} parameters on {where}{resumed}", file=sys.stderr)
+
+
+def _resume(args: argparse.Namespace, trainer: Trainer, checkpoint: Checkpoint | None = None) -> None:
+    """Restore the newest checkpoint in ``--checkpoint-dir`` (or ``checkpoint``, read from it
+    already); one that is not this run's, or is already at ``--steps``, ends the program with
+    status 1 (rank 0 says why, naming every difference)."""
     path = None
     try:
         path = latest_checkpoint(args.checkpoint_dir)
-        trainer.restore(load_checkpoint(path), args.variant)
+        trainer.restore(checkpoint or load_checkpoint(path), args.variant)
         if trainer.step >= args.steps:
             raise ValueError(f"it is at step {trainer.step}; ask for more --steps to continue")
     except (OSError, ValueError) as error:
-        source = path or args.checkpoint_dir
-        message = f"python -m seq2seq.train: error: cannot resume from {source}: {one_line(error)}"
-        sys.exit(message if trainer.world.is_main else 1)
+        _resume_failed(args, path, error, trainer.world)
 
 
-def _train(args: argparse.Namespace, trainer: Trainer) -> list[float]:
-    """Run to ``--steps``; rank 0 draws the bar and writes the checkpoints (every rank helps)."""
+def _resume_failed(args: argparse.Namespace, path: Path | None, error: BaseException, world: World) -> None:
+    source = path or args.checkpoint_dir
+    message = f"python -m seq2seq.train: error: cannot resume from {source}: {one_line(error)}"
+    sys.exit(message if world.is_main else 1)
+
+
+def _train(args: argparse.Namespace, trainer: Trainer,
+           run: Callable[[Callable[[StepReport], None]], list[float]],
+           vocabulary: Vocabulary | None = None,
+           every_step: Callable[[StepReport], None] | None = None) -> list[float]:
+    """``run(on_step)`` to its end; rank 0 draws the bar and writes the checkpoints (every rank
+    helps), with ``vocabulary`` inside; ``every_step`` runs after each step's save, on rank 0.
+    A run that stops before ``report.steps`` (out of minutes) is saved at its last step."""
+    saved = trainer.step
+
+    def save_now(step: int) -> None:
+        nonlocal saved
+        checkpoint = trainer.checkpoint(args.variant)  # collective: every rank calls it
+        saved = step
+        if checkpoint is not None:
+            if vocabulary is not None:
+                checkpoint = dataclasses.replace(checkpoint, vocabulary=vocabulary.to_tensor())
+            path = checkpoint_path(args.checkpoint_dir, step)
+            try:
+                save(checkpoint, path)
+            except OSError as error:  # a disk that filled up, or a directory removed, mid-run
+                sys.exit(f"python -m seq2seq.train: error: cannot write {path}: {one_line(error)}")
 
     def save_when_due(report: StepReport) -> None:
         due = report.step == report.steps or (args.save_every and report.step % args.save_every == 0)
         if args.checkpoint_dir is not None and due:
-            checkpoint = trainer.checkpoint(args.variant)  # collective: every rank calls it
-            if checkpoint is not None:
-                path = checkpoint_path(args.checkpoint_dir, report.step)
-                try:
-                    save(checkpoint, path)
-                except OSError as error:  # a disk that filled up, or a directory removed, mid-run
-                    sys.exit(f"python -m seq2seq.train: error: cannot write {path}: {one_line(error)}")
+            save_now(report.step)
 
     if not trainer.world.is_main:
-        return trainer.run(args.steps, on_step=save_when_due)
-    with progress_bar(args.steps, done=trainer.step) as show_step:
+        losses = run(save_when_due)
+    else:
+        with progress_bar(args.steps, done=trainer.step) as show_step:
 
-        def on_step(report: StepReport) -> None:
-            show_step(report)
-            save_when_due(report)
+            def on_step(report: StepReport) -> None:
+                show_step(report)
+                save_when_due(report)
+                if every_step is not None:
+                    every_step(report)
 
-        return trainer.run(args.steps, on_step=on_step)
+            losses = run(on_step)
+    if args.checkpoint_dir is not None and saved != trainer.step:
+        save_now(trainer.step)
+    return losses
+
+
+# --- translation -----------------------------------------------------------------------------
+
+
+def _translate(args: argparse.Namespace, world: World, device: torch.device) -> None:
+    """Load the corpus; train its vocabulary (or take the checkpoint's); train with periodic
+    validation; report test BLEU and chrF, greedy and beam 4 (rank 0)."""
+    settings: TranslationSettings = args.translation
+    try:
+        corpus = load_corpus(args.corpus)
+    except ValueError as error:
+        sys.exit(f"python -m seq2seq.train: error: {one_line(error)}")
+    checkpoint, path = None, None
+    if args.resume:  # the vocabulary is the checkpoint's: the model's ids mean its pieces
+        try:
+            path = latest_checkpoint(args.checkpoint_dir)
+            checkpoint = load_checkpoint(path)
+            if checkpoint.vocabulary is None:
+                raise ValueError("it holds no subword vocabulary (not a translation run)")
+            vocabulary = Vocabulary.from_tensor(checkpoint.vocabulary)
+        except (OSError, ValueError) as error:
+            _resume_failed(args, path, error, world)
+    else:
+        vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
+    data = TranslationData(args.corpus, settings.vocabulary_settings(), settings.batch_tokens,
+                           settings.pool_size, args.seed)
+    try:
+        batches = TokenBatches(encode_pairs(vocabulary, corpus.pairs("train")), data)
+    except ValueError as error:
+        sys.exit(f"python -m seq2seq.train: error: {one_line(error)}")
+    model = build(args.variant, translation_config(settings, vocabulary), seed=args.seed).to(device)
+    trainer = Trainer(model, batches, args.recipe, world=world, bf16=args.bf16)
+    seed_dropout(args.seed, world)
+    if args.resume:
+        _resume(args, trainer, checkpoint)
+    limit = f" (at most {settings.minutes:g} minutes)" if settings.minutes else ""
+    _header(args, trainer, f"translate {Path(args.corpus.path).name}, {len(corpus.train):,} train / "
+                           f"{len(corpus.valid):,} valid / {len(corpus.test):,} test English sentences, "
+                           f"{vocabulary.size} subwords, {settings.steps} steps{limit} of "
+                           f"{settings.batch_tokens} tokens")
+    valid = encode_pairs(vocabulary, corpus.pairs("valid"))
+    normalization = args.corpus.normalization
+
+    def validate(report: StepReport) -> None:
+        if report.step % settings.eval_every == 0:
+            loss = validation_loss(trainer.model, valid, settings.batch_tokens)
+            scores = evaluate(trainer.model, vocabulary, corpus.valid, beam_sizes=(1,),
+                              normalization=normalization)[1]
+            tqdm.write(f"step {report.step}: valid loss {loss:.4f}, greedy BLEU {scores.bleu:.2f}, "
+                       f"chrF {scores.chrf:.2f}", file=sys.stderr)
+
+    start = time.perf_counter()
+    losses = _train(args, trainer, lambda on_step: train_translation(trainer, settings, on_step),
+                    vocabulary, every_step=validate)
+    seconds = time.perf_counter() - start
+    if world.is_main:
+        last = losses[-10:] or [float("nan")]
+        print(f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
+              f"{trainer.step} steps, trained in {seconds:.1f} s")
+        scores = evaluate(trainer.model, vocabulary, corpus.test, normalization=normalization)
+        references = sum(len(example.references) for example in corpus.test)
+        print(f"test split: {len(corpus.test):,} English sentences of at most {args.corpus.max_words} "
+              f"words, {references:,} French references (data: {ATTRIBUTION})")
+        for line in score_table(scores):
+            print(line)
+
+
+def score_table(scores: dict[int, Scores]) -> list[str]:
+    """The lines that report BLEU and chrF per beam size, then the two sacreBLEU signatures."""
+    lines = [f"{'greedy' if size == 1 else f'beam {size}':<8} BLEU {s.bleu:5.2f}  chrF {s.chrf:5.2f}"
+             for size, s in scores.items()]
+    first = next(iter(scores.values()))
+    return [*lines, f"BLEU signature: {first.bleu_signature}", f"chrF signature: {first.chrf_signature}"]
 
 
 def _report(args: argparse.Namespace, trainer: Trainer, losses: list[float], seconds: float) -> None:

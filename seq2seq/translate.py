@@ -1,0 +1,76 @@
+"""Translate sentences with a trained translation model: a checkpoint of ``python -m seq2seq.train
+--task translate`` or a model file averaged from them, which carries its own subword vocabulary.
+
+    python -m seq2seq.translate runs/fr/average.pt "I'm hungry." "Where is the station?"
+    echo "Thank you." | python -m seq2seq.translate runs/fr/average.pt --beam 1
+
+Sentences come from the command line, or one per line from stdin when none are given; each
+translation is printed on its own line, in order. Beam search (beam 4, alpha 0.6) by default,
+``--beam 1`` for greedy decoding. A thin shell over ``seq2seq.translation.translate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from common.cli import Parser, device_or_exit, one_line, positive
+from seq2seq.beam import ALPHA, BEAM_SIZE
+from seq2seq.checkpoint import build_model, load
+from seq2seq.subwords import Vocabulary
+from seq2seq.translation import translate
+from variants import VARIANTS
+
+PROG = "python -m seq2seq.translate"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options; a bad value is a one-line usage error (exit status 2)."""
+    parser = Parser(prog=PROG, description="Translate sentences (arguments, or lines on stdin) with a "
+                                           "trained translation model file.")
+    parser.add_argument("model", type=Path, help="a checkpoint or averaged model file of a translate run")
+    parser.add_argument("sentences", nargs="*", help="sentences to translate (default: read stdin)")
+    parser.add_argument("--beam", type=positive(int), default=BEAM_SIZE,
+                        help=f"beam size (default {BEAM_SIZE}; 1 is greedy decoding)")
+    parser.add_argument("--alpha", type=float, default=ALPHA, help=f"length penalty (default {ALPHA})")
+    parser.add_argument("--variant", choices=VARIANTS, default=None,
+                        help="the variant to decode with (default: the one that trained)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=positive(int), default=None)
+    args = parser.parse_args(argv)
+    if not 0 <= args.alpha < float("inf"):
+        parser.error(f"--alpha must be finite and >= 0, got {args.alpha}")
+    args.device = device_or_exit(parser, args.device)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Load the model file and its vocabulary, translate, print one line per sentence."""
+    args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        record = load(args.model)
+        if record.vocabulary is None:
+            raise ValueError(f"{args.model} holds no subword vocabulary: it is not a translation model "
+                             "(python -m seq2seq.train --task translate writes them)")
+        vocabulary = Vocabulary.from_tensor(record.vocabulary)
+        normalization = record.settings.get("data", {}).get("corpus", {}).get("normalization", "NFKC")
+        model = build_model(record, args.variant).to(args.device)
+    except (FileNotFoundError, LookupError, ValueError) as error:
+        raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
+    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    try:
+        translations = translate(model, vocabulary, sentences, beam_size=args.beam, alpha=args.alpha,
+                                 normalization=normalization)
+    except ValueError as error:  # a sentence longer than the model reads
+        raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
+    for line in translations:
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

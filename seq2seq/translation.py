@@ -1,0 +1,365 @@
+"""Real translation with any variant: a corpus and its subword vocabulary become a seeded,
+resumable stream of token-counted batches; a run trains for N steps or M minutes; a model
+translates text (greedy or beam) and is scored with corpus BLEU and chrF against every
+reference.
+
+    settings = PRESETS["cpu"]
+    corpus = load_corpus(CorpusSettings("fra-eng.zip"))                       # seq2seq.corpus
+    vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
+    data = TranslationData(CorpusSettings("fra-eng.zip"), settings.vocabulary_settings(),
+                           settings.batch_tokens, settings.pool_size, seed=0)
+    batches = TokenBatches(encode_pairs(vocabulary, corpus.pairs("train")), data)
+    model = build("explicit", translation_config(settings, vocabulary), seed=0)
+    trainer = Trainer(model, batches, settings.recipe())
+    train_translation(trainer, settings)                     # up to settings.steps / .minutes
+    translate(model, vocabulary, ["I'm hungry."], beam_size=4)        # ["J'ai faim."]
+    evaluate(model, vocabulary, corpus.test)                 # {1: Scores(...), 4: Scores(...)}
+
+A source is its pieces then EOS; a target is BOS, its pieces, EOS (ids from
+``seq2seq.subwords``, which match ``seq2seq.tasks``' PAD/BOS/EOS). Source and target share one
+joint vocabulary, so the model ties its three embedding matrices by default
+(``share_embeddings``, paper section 3.4). Prints nothing: ``python -m seq2seq.train --task
+translate`` and ``python -m seq2seq.translate`` are the command lines over this.
+
+Shape legend:
+    B  sentences (batch)   S  source length   T  target length (BOS and EOS included)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+from common.masks import decoder_mask, padding_mask
+from seq2seq import distributed
+from seq2seq.beam import ALPHA, EXTRA_LENGTH, beam_search
+from seq2seq.corpus import Corpus, CorpusSettings, Example, normalize
+from seq2seq.evaluation import Scores, corpus_scores
+from seq2seq.greedy import greedy_decode
+from seq2seq.recipe import Recipe, StepReport, smoothed_loss_sum
+from seq2seq.subwords import Vocabulary, VocabularySettings
+from seq2seq.tasks import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.trainer import Trainer
+
+# --- settings ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TranslationSettings:
+    """A translation model, its vocabulary, its batches and its training run: what a preset fixes."""
+
+    vocabulary_size: int = 8000  # joint subword pieces, PAD/BOS/EOS/UNK included
+    vocabulary_type: str = "bpe"  # sentencepiece "bpe" or "unigram"
+    d_model: int = 256
+    n_heads: int = 4
+    n_layers: int = 3  # encoder layers, and as many decoder layers
+    d_ff: int = 1024
+    dropout: float = 0.1
+    norm_first: bool = False  # pre-norm instead of the paper's post-norm
+    share_embeddings: bool = True  # one matrix for both embeddings and the generator
+    max_seq_len: int = 256  # positions, BOS and EOS included: the longest sentence it can read or write
+    batch_tokens: int = 4096  # source + target positions per step, padding included
+    pool_size: int = 8192  # pairs drawn per step, sorted by length, from which one batch is cut
+    warmup: int = 400  # steps of linear warm-up
+    lr_factor: float = 1.0  # scales the schedule factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    label_smoothing: float = 0.1
+    steps: int = 100_000  # optimiser steps in all (a resumed run continues up to this many)
+    minutes: float | None = None  # stop at the first step that ends past this much training time
+    eval_every: int = 500  # steps between validation reports (the command line's)
+
+    def __post_init__(self) -> None:
+        for name in ("batch_tokens", "pool_size", "steps", "eval_every", "max_seq_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TranslationSettings.{name} must be a positive int, got {value!r}")
+        if self.minutes is not None and not 0 < self.minutes < float("inf"):
+            raise ValueError(f"TranslationSettings.minutes must be positive and finite, got {self.minutes!r}")
+        self.vocabulary_settings()  # each owner checks its own fields
+        self.recipe()
+
+    def vocabulary_settings(self) -> VocabularySettings:
+        return VocabularySettings(self.vocabulary_size, self.vocabulary_type)
+
+    def recipe(self) -> Recipe:
+        return Recipe(warmup=self.warmup, lr_factor=self.lr_factor, label_smoothing=self.label_smoothing)
+
+    def replace(self, **changes: object) -> TranslationSettings:
+        return dataclasses.replace(self, **changes)
+
+
+PRESETS: dict[str, TranslationSettings] = {
+    # a 2-core CPU: a small model, a 4k vocabulary (a cheaper generator and softmax), batches of
+    # a few thousand tokens, a high peak rate reached quickly, half an hour of training
+    "cpu": TranslationSettings(vocabulary_size=4000, d_model=256, n_heads=4, n_layers=3, d_ff=1024,
+                               dropout=0.1, batch_tokens=4096, warmup=400, lr_factor=0.7,
+                               minutes=30.0, eval_every=500),
+    # one GPU: the paper's base model, more regularised for a corpus of this size
+    "gpu": TranslationSettings(vocabulary_size=8000, d_model=512, n_heads=8, n_layers=6, d_ff=2048,
+                               dropout=0.2, batch_tokens=16384, warmup=2000, lr_factor=1.0,
+                               steps=20_000, minutes=None, eval_every=1000),
+}
+
+
+@dataclass(frozen=True)
+class TranslationData:
+    """Where a training stream's batches come from: what a checkpoint records as its ``data``
+    settings, and a resumed run must share."""
+
+    corpus: CorpusSettings  # the corpus and its split
+    vocabulary: VocabularySettings  # the subword vocabulary trained on its train split
+    batch_tokens: int  # source + target positions per batch, padding included
+    pool_size: int  # pairs drawn per batch
+    seed: int  # the stream's generator
+
+    def __post_init__(self) -> None:
+        for name in ("batch_tokens", "pool_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TranslationData.{name} must be a positive int, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise TypeError(f"TranslationData.seed must be an int, got {self.seed!r}")
+
+
+def training_sentences(corpus: Corpus) -> Iterator[str]:
+    """What the vocabulary is trained on: the train split only, each source once and each of
+    its translations (so nothing of valid or test shapes the pieces)."""
+    for example in corpus.train:
+        yield example.source
+        yield from example.references
+
+
+def translation_config(settings: TranslationSettings, vocabulary: Vocabulary) -> TransformerConfig:
+    """The model config of ``settings`` over ``vocabulary`` (both sides share it)."""
+    return TransformerConfig(
+        d_model=settings.d_model, n_heads=settings.n_heads, n_layers=settings.n_layers,
+        d_ff=settings.d_ff, dropout=settings.dropout, src_vocab_size=vocabulary.size,
+        tgt_vocab_size=vocabulary.size, max_seq_len=settings.max_seq_len,
+        norm_first=settings.norm_first, pad_id=PAD_ID, share_embeddings=settings.share_embeddings,
+    )
+
+
+# --- the batch stream ----------------------------------------------------------------------
+
+
+class EncodedPairs(NamedTuple):
+    """Pairs as id tensors: sources ``pieces EOS``, targets ``BOS pieces EOS``."""
+
+    sources: list[Tensor]  # each (S,)
+    targets: list[Tensor]  # each (T,)
+
+
+def encode_pairs(vocabulary: Vocabulary, pairs: Sequence[tuple[str, str]]) -> EncodedPairs:
+    """The id tensors of (source, target) text pairs."""
+    if not pairs:
+        raise ValueError("no pairs to encode")
+    sources = vocabulary.encode([source for source, _ in pairs])
+    targets = vocabulary.encode([target for _, target in pairs])
+    return EncodedPairs([torch.tensor([*ids, EOS_ID]) for ids in sources],
+                        [torch.tensor([BOS_ID, *ids, EOS_ID]) for ids in targets])
+
+
+class TokenBatches:
+    """An endless, seeded stream of (src, tgt) batches of about ``batch_tokens`` positions.
+
+    Each batch draws ``pool_size`` pairs (with replacement) from ``generator``, sorts them by
+    length and cuts, from a random place in that order, as many consecutive pairs as fit
+    ``batch_tokens`` padded source and target positions: rows of one batch have similar
+    lengths, so little of it is padding, and a batch of short sentences holds more of them.
+    Everything is drawn from ``generator``: its state is the stream's position, which a
+    checkpoint saves, so a resumed run draws what the uninterrupted run would have.
+    """
+
+    def __init__(self, encoded: EncodedPairs, data: TranslationData) -> None:
+        if not isinstance(data, TranslationData):
+            raise TypeError(f"data must be a TranslationData, got {type(data).__name__}")
+        if not encoded.sources or len(encoded.sources) != len(encoded.targets):
+            raise ValueError(f"need as many sources as targets, at least one: got "
+                             f"{len(encoded.sources)} and {len(encoded.targets)}")
+        self.data = data
+        self.sources, self.targets = encoded
+        self.source_lengths = torch.tensor([len(ids) for ids in self.sources])  # (N,)
+        self.target_lengths = torch.tensor([len(ids) for ids in self.targets])  # (N,)
+        longest = int((self.source_lengths + self.target_lengths).max())
+        if longest > data.batch_tokens:
+            raise ValueError(f"batch_tokens {data.batch_tokens} cannot hold the longest pair "
+                             f"({longest} source and target positions)")
+        self.generator = torch.Generator().manual_seed(data.seed)
+
+    def __iter__(self) -> TokenBatches:
+        return self
+
+    def __next__(self) -> tuple[Tensor, Tensor]:
+        pool_size = self.data.pool_size
+        pool = torch.randint(len(self.sources), (pool_size,), generator=self.generator)  # (P,)
+        pool = pool[(self.source_lengths[pool] + self.target_lengths[pool]).argsort(stable=True)]
+        start = int(torch.randint(pool_size, (1,), generator=self.generator))
+        count = self._fitting(pool[start:])
+        if count == pool_size - start:  # the pool ended before the budget: cut from its end instead
+            count = self._fitting(pool.flip(0))
+            start = pool_size - count
+        rows = pool[start:start + count].tolist()
+        src = nn.utils.rnn.pad_sequence([self.sources[i] for i in rows], batch_first=True,
+                                        padding_value=PAD_ID)  # (B, S)
+        tgt = nn.utils.rnn.pad_sequence([self.targets[i] for i in rows], batch_first=True,
+                                        padding_value=PAD_ID)  # (B, T)
+        return src, tgt
+
+    def _fitting(self, rows: Tensor) -> int:
+        """How many of ``rows``, from the first, fit ``batch_tokens`` padded positions: k rows
+        take k * (longest source + longest target among them), which only grows with k."""
+        longest = (self.source_lengths[rows].cummax(0).values
+                   + self.target_lengths[rows].cummax(0).values)  # (P,)
+        padded = torch.arange(1, len(rows) + 1) * longest  # (P,)
+        return int((padded <= self.data.batch_tokens).sum())
+
+
+# --- training ------------------------------------------------------------------------------
+
+
+class _OutOfMinutesError(Exception):
+    """Raised from the step callback to end a run that has used its minutes."""
+
+
+def train_translation(trainer: Trainer, settings: TranslationSettings,
+                      on_step: Callable[[StepReport], None] | None = None) -> list[float]:
+    """Train up to ``settings.steps`` steps in all, or until ``settings.minutes`` of training
+    have passed (the first step ending past it is the last); returns each step's loss.
+
+    The minutes count training time since this call: time spent inside ``on_step`` (validation,
+    checkpoints) is not counted. Under several processes they all stop at the same step (rank
+    0's clock decides).
+    """
+    if not isinstance(settings, TranslationSettings):
+        raise TypeError(f"settings must be a TranslationSettings, got {type(settings).__name__}")
+    losses: list[float] = []
+    outside = 0.0  # seconds spent in on_step
+
+    def step(report: StepReport) -> None:
+        nonlocal outside
+        losses.append(report.loss)
+        if on_step is not None:
+            entered = time.perf_counter()
+            on_step(report)
+            outside += time.perf_counter() - entered
+        if settings.minutes is not None:
+            over = torch.tensor([float(report.seconds - outside >= settings.minutes * 60)])
+            if trainer.world.size > 1:  # rank 0's decision, on the device the group talks on
+                over = over.to(trainer.device) * float(trainer.world.is_main)
+            if float(distributed.sum_over_ranks(over, trainer.world)) > 0:
+                raise _OutOfMinutesError
+
+    with contextlib.suppress(_OutOfMinutesError):
+        trainer.run(settings.steps, on_step=step)
+    return losses
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, encoded: EncodedPairs, batch_tokens: int = 4096) -> float:
+    """Teacher-forced cross-entropy per target token (no label smoothing) over every pair, in
+    eval mode (the model's mode is restored)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    pad_id = model.config.pad_id
+    total, tokens = 0.0, 0
+    for src, tgt in _batches_by_length(encoded, batch_tokens):
+        src, tgt = src.to(device), tgt.to(device)
+        tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]  # (B, T - 1) each
+        log_probs = model(src, tgt_in, padding_mask(src, pad_id), decoder_mask(tgt_in, pad_id))
+        loss_sum, count = smoothed_loss_sum(log_probs.float(), tgt_out, pad_id, 0.0)
+        total, tokens = total + float(loss_sum), tokens + int(count)
+    model.train(was_training)
+    return total / tokens
+
+
+def _batches_by_length(encoded: EncodedPairs, batch_tokens: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Every pair once, in (src, tgt) batches of similar lengths and about ``batch_tokens`` positions."""
+    order = sorted(range(len(encoded.sources)),
+                   key=lambda i: (len(encoded.sources[i]) + len(encoded.targets[i])))
+    start = 0
+    while start < len(order):
+        end, longest = start, 0
+        while end < len(order):
+            longest_if = max(longest, len(encoded.sources[order[end]]) + len(encoded.targets[order[end]]))
+            if end > start and (end - start + 1) * longest_if > batch_tokens:
+                break
+            longest, end = longest_if, end + 1
+        rows = order[start:end]
+        yield (nn.utils.rnn.pad_sequence([encoded.sources[i] for i in rows], batch_first=True,
+                                         padding_value=PAD_ID),
+               nn.utils.rnn.pad_sequence([encoded.targets[i] for i in rows], batch_first=True,
+                                         padding_value=PAD_ID))
+        start = end
+
+
+# --- translating and scoring ---------------------------------------------------------------
+
+
+@torch.no_grad()
+def translate(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str], *,
+              beam_size: int = 1, alpha: float = ALPHA, batch_size: int = 64,
+              normalization: str = "NFKC") -> list[str]:
+    """The model's translation of each sentence, detokenised: greedy decoding for
+    ``beam_size=1``, else beam search (``seq2seq.beam``, length penalty ``alpha``).
+
+    Each sentence is normalised as the corpus was (``normalization``) and may produce up to
+    its length + 50 pieces (section 6.1), within the model's ``max_seq_len``. Runs in eval mode
+    (the model's mode is restored) on the model's device, ``batch_size`` sentences at a time,
+    shortest first.
+    """
+    if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
+        raise TypeError("sentences must be a sequence of str")
+    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    config = model.config
+    if vocabulary.size != config.src_vocab_size or vocabulary.size != config.tgt_vocab_size:
+        raise ValueError(f"the vocabulary has {vocabulary.size} pieces, the model's vocabularies "
+                         f"{config.src_vocab_size} and {config.tgt_vocab_size}")
+    sources = [[*ids, EOS_ID] for ids in vocabulary.encode([normalize(s, normalization) for s in sentences])]
+    for index, ids in enumerate(sources):
+        if len(ids) > config.max_seq_len:
+            raise ValueError(f"sentence {index} is {len(ids)} pieces long with EOS; the model reads "
+                             f"at most max_seq_len={config.max_seq_len}")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    output: list[str] = [""] * len(sources)
+    for first in range(0, len(order), batch_size):
+        rows = order[first:first + batch_size]
+        src = nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in rows], batch_first=True,
+                                        padding_value=PAD_ID).to(device)  # (B, S)
+        src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
+        if beam_size == 1:
+            max_len = min(config.max_seq_len, src.shape[1] + EXTRA_LENGTH + 1)  # BOS included
+            tokens = greedy_decode(model, src, src_mask, max_len=max_len, bos_id=BOS_ID, eos_id=EOS_ID)
+        else:
+            tokens = beam_search(model, src, src_mask, bos_id=BOS_ID, eos_id=EOS_ID,
+                                 beam_size=beam_size, alpha=alpha).tokens
+        for row, text in zip(rows, vocabulary.decode(tokens.tolist()), strict=True):
+            output[row] = text
+    model.train(was_training)
+    return output
+
+
+def evaluate(model: nn.Module, vocabulary: Vocabulary, examples: Sequence[Example], *,
+             beam_sizes: Sequence[int] = (1, 4), alpha: float = ALPHA, batch_size: int = 64,
+             normalization: str = "NFKC") -> dict[int, Scores]:
+    """Corpus BLEU and chrF of the model's translations of ``examples``' sources against all
+    their references, for each beam size (1: greedy), keyed by beam size."""
+    if not examples:
+        raise ValueError("no examples to evaluate")
+    sources = [example.source for example in examples]
+    references = [example.references for example in examples]
+    return {size: corpus_scores(translate(model, vocabulary, sources, beam_size=size, alpha=alpha,
+                                          batch_size=batch_size, normalization=normalization),
+                                references)
+            for size in beam_sizes}
