@@ -19,13 +19,20 @@ This file is the command line only: options -> ``benchmarks.settings.Settings`` 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
+
+from benchmarks.machine import WAIT_POLICIES, settle_threads, wait_policy_environment
+
+# before torch loads its OpenMP runtime, which reads the wait policy once, when it loads
+os.environ.update(wait_policy_environment(sys.argv[1:], os.environ))
 
 import torch
 from tqdm import tqdm
 
 from benchmarks.plot import matplotlib_problem, path_problem, plot
-from benchmarks.render import FORMATS, render, write_table
+from benchmarks.render import FORMATS, contention_line, render, write_table
 from benchmarks.run import run
 from benchmarks.settings import Settings
 from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
@@ -62,8 +69,12 @@ def command_line() -> Parser:
                              "in as constants; the CPU inference setting)")
     parser.add_argument("--variants", type=variant_argument, nargs="+", default=list(VARIANTS),
                         metavar="VARIANT", help=f"{', '.join(VARIANTS)} or pkg.module:Class (default all)")
-    parser.add_argument("--threads", type=positive(int), default=torch.get_num_threads(),
-                        help=f"CPU threads (default {torch.get_num_threads()})")
+    parser.add_argument("--threads", type=positive(int),
+                        help=f"CPU threads (default {torch.get_num_threads()}, fewer when other "
+                             "processes hold cores; given, it is kept, with a warning if they do)")
+    parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES,
+                        help="OpenMP threads between operators: spin (active) or sleep (passive); "
+                             "set before torch loads (default: OMP_WAIT_POLICY, else OpenMP's)")
     parser.add_argument("--format", choices=FORMATS, default="github", metavar="FORMAT",
                         help="a tabulate style (github, grid, latex, ...), json or csv (default github)")
     parser.add_argument("--output", metavar="FILE", help="write the table here instead of stdout")
@@ -109,6 +120,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         device_or_exit(parser, args.device)
     if args.freeze and not args.compile:
         parser.error("--freeze is an option of --compile; give both")
+    if args.omp_wait_policy and os.environ.get("OMP_WAIT_POLICY", "").lower() != args.omp_wait_policy:
+        parser.error(f"--omp-wait-policy {args.omp_wait_policy}: torch was loaded before the option "
+                     f"was read; run compare.py as a program, or set OMP_WAIT_POLICY")
     # before any timing: a run must not end in a table or a picture it cannot write
     if problem := args.output and path_problem(args.output, "--output", suffix=None):
         parser.error(problem)
@@ -119,7 +133,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         config=config, shapes=shapes, preset=args.preset,
         devices=tuple(d for d in devices if d != "cuda" or torch.cuda.is_available()),
         dtypes=tuple(args.dtype), variants=ordered(args.variants),
-        autocast=args.autocast, compile=args.compile, freeze=args.freeze, threads=args.threads,
+        autocast=args.autocast, compile=args.compile, freeze=args.freeze,
+        threads=args.threads or torch.get_num_threads(),  # main() settles it on the cores found free
         rounds=args.rounds, min_run_time=args.min_run_time, decode_len=args.decode_len,
         all_decoders=args.all_decoders,
         seed=args.seed, keep_freed_memory=args.malloc == "keep",
@@ -130,10 +145,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
 
 def main(argv: list[str] | None = None) -> int:
     settings, args = parse_args(argv)
-    report = run(settings)
+    choice = settle_threads(args.threads, torch.get_num_threads())
+    if choice.line and (choice.busy or not args.quiet):
+        tqdm.write(f"compare.py: {choice.line}", file=sys.stderr)
+    report = run(dataclasses.replace(settings, threads=choice.threads, thread_choice=choice))
     text = render(report, args.format, wide=args.wide)
     if problem := write_table(text, args.output):
         sys.exit(f"compare.py: error: {problem}")
+    if (warning := contention_line(report["meta"])) and (args.output or args.format in ("json", "csv")):
+        tqdm.write(f"compare.py: {warning}", file=sys.stderr)  # not at the top of a table here
     if args.plot:
         plot(report, args.plot)
     for written in (args.output, args.plot):

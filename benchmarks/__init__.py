@@ -5,6 +5,7 @@ One job per module, in the order a run uses them:
     workload       the presets, shapes and dtypes, the FLOP count every row shares, BOS and EOS
     steps          the timed steps (forward, forward + backward, decoding), autocast, compiling
     dropout_masks  the compile backend: inductor with dropout's masks drawn by aten
+    machine        whether the cores are busy, the threads to time with, the OpenMP wait policy
     settings       ``Settings``: everything one run is asked to do, frozen
     measured       what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
     timing         ``torch.utils.benchmark`` timers for the steps and the matmul peak
@@ -25,7 +26,9 @@ Method:
 - the variants are interleaved, ``Settings.rounds`` times, so drift hits every row alike, and
   the rounds are merged into one measurement per cell;
 - the thread count is fixed (``Settings.threads``) and reported; CUDA is synchronised by the
-  Timer;
+  Timer; the entry points choose it from the cores other processes leave free
+  (``machine.settle_threads``), and a cell whose rounds disagree is marked
+  (``timing.ROUNDS_SPREAD_BOUND``);
 - peak memory: CUDA ``max_memory_allocated`` over the step; CPU the peak of the bytes the
   step allocates (``torch.profiler`` memory events, in time order); both plus the model's own
   parameters and buffers;

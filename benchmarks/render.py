@@ -10,6 +10,7 @@ import sys
 import tabulate as tabulate_module
 from tabulate import tabulate, tabulate_formats
 
+from benchmarks.timing import ROUNDS_SPREAD_BOUND
 from variants import REFERENCE
 
 FORMATS = (*tabulate_formats, "json", "csv")
@@ -65,6 +66,11 @@ DECODERS_COLUMNS = {"decode_uncached_tokens_per_s", "beam_tokens_per_s", "decode
 TIMED_COLUMNS = ("forward_ms", "train_ms", "decode_tokens_per_s", "decode_uncached_tokens_per_s",
                  "beam_tokens_per_s")  # "OOM" or "error" on failure
 MODES = ("forward", "train", "decode_uncached", "decode", "beam")  # by key prefix, longest first
+# the columns computed from a mode's time: marked when that mode's rounds disagree
+TIMED_SUFFIXES = ("_ms", "_tokens_per_s", "_vs_torch", "_pct_peak", "_gflops")
+UNSTEADY_MARK = "~"
+UNSTEADY_LEGEND = (f"{UNSTEADY_MARK}: its rounds differ by over {ROUNDS_SPREAD_BOUND:.0%} of their median "
+                   "(a ×torch: either row's); read it as noise, not as the code's speed")
 
 
 def render(report: dict, fmt: str, wide: bool = False) -> str:
@@ -79,9 +85,11 @@ def render(report: dict, fmt: str, wide: bool = False) -> str:
     for block in report["blocks"]:
         headers, lines = table_rows(block, meta["compile"], meta["decode_len"] > 1,
                                     meta.get("all_decoders", False), wide)
+        marked = any(text.endswith(UNSTEADY_MARK) for line in lines for text in line)
         parts.append("\n".join([*header_lines(meta, block), table(lines, headers, fmt),
-                                *(f"  {note}" for note in notes(meta, block, wide))]))
-    return "\n\n".join(parts) + "\n"
+                                *(f"  {note}" for note in notes(meta, block, wide, marked))]))
+    warning = contention_line(meta)
+    return "\n\n".join([warning, *parts] if warning else parts) + "\n"
 
 
 def write_table(text: str, path: str | None) -> str | None:
@@ -114,7 +122,9 @@ def table(lines: list[list[str]], headers: list[str], fmt: str) -> str:
 def as_csv(report: dict) -> str:
     """A line per (block, variant): the block's keys, then the row's."""
     block_keys = ("device", "dtype", "batch", "src_len", "tgt_len")
-    records = [{**{k: b[k] for k in block_keys}, **r} for b in report["blocks"] for r in b["rows"]]
+    contended = {"run_contended": report["meta"].get("contended", False)}  # the run's, on every line
+    records = [{**{k: b[k] for k in block_keys}, **r, **contended}
+               for b in report["blocks"] for r in b["rows"]]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(records[0]) if records else list(block_keys))
     writer.writeheader()
@@ -130,12 +140,15 @@ def table_rows(block: dict, show_compile: bool, show_decode: bool, show_decoders
                if (show_compile or c[1] not in COMPILE_COLUMNS)
                and (show_decode or c[1] not in DECODE_COLUMNS)
                and ((show_decode and show_decoders) or c[1] not in DECODERS_COLUMNS)]
-    return [c[0] for c in columns], [[cell(result, key, fmt) for _, key, fmt in columns]
+    reference = next((r for r in block["rows"] if r["variant"] == REFERENCE), None)
+    return [c[0] for c in columns], [[cell(result, key, fmt, reference) for _, key, fmt in columns]
                                      for result in block["rows"]]
 
 
-def cell(result: dict, key: str, fmt) -> str:
-    """One formatted cell: "OOM"/"error" for a failed step, "-" for nothing measured."""
+def cell(result: dict, key: str, fmt, reference: dict | None = None) -> str:
+    """One formatted cell: "OOM"/"error" for a failed step, "-" for nothing measured; a time
+    (or a number made from it) whose rounds disagree ends in ``UNSTEADY_MARK``, a ratio to
+    the ``reference`` row also when the reference's rounds do."""
     mode = next((m for m in MODES if key.startswith(m)), None)
     error = result.get(f"{mode}_error") if mode else None
     value = result.get(key)
@@ -144,13 +157,20 @@ def cell(result: dict, key: str, fmt) -> str:
     if value is None:
         return "-"
     if fmt is None:
-        return f"{value:.1f} ({result[key.replace('_ms', '_iqr_ms')]:.1f})"
-    return fmt(value) if callable(fmt) else fmt.format(value)
+        text = f"{value:.1f} ({result[key.replace('_ms', '_iqr_ms')]:.1f})"
+    else:
+        text = fmt(value) if callable(fmt) else fmt.format(value)
+    unsteady = mode is not None and key.endswith(TIMED_SUFFIXES) and (
+        result.get(f"{mode}_rounds_disagree")
+        or (key.endswith("_vs_torch") and reference is not None
+            and reference.get(f"{mode}_rounds_disagree")))
+    return text + UNSTEADY_MARK if unsteady else text
 
 
 def header_lines(meta: dict, block: dict) -> list[str]:
-    """The two lines above a table: the machine (device, model, threads, torch), then the work
-    (precision, preset, shape) and the matmul peak with its spread over the rounds."""
+    """The lines above a table: the machine (device, model, threads, torch), then the work
+    (precision, preset, shape) and the matmul peak with its spread over the rounds, then, on
+    CPU when other processes used its cores, how much and the threads chosen."""
     device = block["device"]
     model = meta["gpu_model"] if device == "cuda" else meta["cpu_model"]
     precision_mode = f"{block['dtype']} (autocast)" if meta["autocast"] else block["dtype"]
@@ -161,15 +181,50 @@ def header_lines(meta: dict, block: dict) -> list[str]:
     peak = f"matmul peak {block['matmul_peak_gflops']:,.0f} GFLOP/s"
     if block.get("matmul_peak_iqr_gflops") is not None:
         peak += f" (IQR {block['matmul_peak_iqr_gflops']:,.0f})"
-    return [f"{device}: {model} · {meta['threads']} threads · torch {meta['torch']}",
+    policy = f" · OMP_WAIT_POLICY {meta['omp_wait_policy']}" if meta.get("omp_wait_policy") else ""
+    busy = busy_line(meta.get("cores", {}), meta["threads"]) if device == "cpu" else None
+    return [f"{device}: {model} · {meta['threads']} threads · torch {meta['torch']}{policy}",
             f"{precision_mode} · preset {meta['preset']} · batch {block['batch']} × src "
-            f"{block['src_len']} × tgt {block['tgt_len']} · {peak}"]
+            f"{block['src_len']} × tgt {block['tgt_len']} · {peak}", *([busy] if busy else [])]
 
 
-def notes(meta: dict, block: dict, wide: bool = False) -> list[str]:
-    """The lines under a table: the compact table's legend, a CUDA shape too small to be
-    compute-bound, failures, which SDPA kernels ran, the torch fast path, the allocator."""
-    lines = [] if wide else [COMPACT_LEGEND]
+def busy_line(cores: dict, threads: int) -> str | None:
+    """``busy cores (2 here): others used 0.98 before timing, 1.01 during the run (load 1.02);
+    1 thread, not 2``, or None when other processes left the cores alone."""
+    busy_during = cores.get("free_during") is not None and cores["free_during"] < cores["cpus"]
+    if not (cores.get("busy_before") or busy_during):
+        return None
+    readings = (("others_before", "before timing"), ("others_during", "during the run"))
+    seen = ", ".join(f"{cores[key]:.2f} {when}" for key, when in readings if cores.get(key) is not None)
+    load = next((f" (load {cores[key]:.2f})" for key in ("load_after", "load_before")
+                 if cores.get(key) is not None), "")
+    if cores.get("requested") is not None:
+        how = f"--threads {threads} as asked"
+    elif cores.get("default") not in (None, threads):
+        how = f"{threads} thread{'s' * (threads != 1)}, not {cores['default']}"
+    else:
+        how = f"{threads} thread{'s' * (threads != 1)}"
+    return f"busy cores ({cores['cpus']} here): others used {seen}{load}; {how}"
+
+
+def contention_line(meta: dict) -> str | None:
+    """The one line above every table when the run's threads outnumbered the free cores
+    (before it, or on average during it), or None."""
+    if not meta.get("contended"):
+        return None
+    cores = meta.get("cores", {})
+    when = "during the run" if cores.get("contended_during") else "before the run"
+    free = cores.get("free_during") if cores.get("contended_during") else cores.get("free_before")
+    threads = meta["threads"]
+    return (f"warning: timed on busy cores: {threads} thread{'s' * (threads != 1)}, {free} of "
+            f"{cores.get('cpus')} cores free {when}; times inflated, ratios unreliable")
+
+
+def notes(meta: dict, block: dict, wide: bool = False, marked: bool = False) -> list[str]:
+    """The lines under a table: the compact table's legend, the unsteady mark's when a cell
+    carries it, a CUDA shape too small to be compute-bound, failures, which SDPA kernels ran,
+    the torch fast path, the allocator."""
+    lines = ([] if wide else [COMPACT_LEGEND]) + ([UNSTEADY_LEGEND] if marked else [])
     if block.get("small_shape_warning"):
         lines.append(f"warning: {block['small_shape_warning']}")
     for result in block["rows"]:

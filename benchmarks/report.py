@@ -16,7 +16,7 @@ import torch
 from benchmarks.measured import Cell, Row
 from benchmarks.settings import Settings
 from benchmarks.steps import DECODE_MODES
-from benchmarks.timing import Peak
+from benchmarks.timing import Peak, rounds_disagree, rounds_spread
 from benchmarks.workload import Shape, forward_flops, train_flops
 
 
@@ -30,10 +30,16 @@ def machine() -> dict:
     return {"cpu_model": cpu, "gpu_model": gpu, "nproc": os.cpu_count()}
 
 
-def meta(settings: Settings, allocator: str) -> dict:
-    """The report's header: the machine, the settings, the allocator policy and the command."""
+def meta(settings: Settings, allocator: str, cores_during: dict | None = None) -> dict:
+    """The report's header: the machine, how busy its cores were before and during the run
+    (``benchmarks.machine``), the settings, the allocator policy and the command."""
     s = settings
-    return {**machine(), "threads": s.threads, "torch": torch.__version__, "preset": s.preset,
+    choice = s.thread_choice.as_dict() if s.thread_choice else {}
+    cores = {**choice, **(cores_during or {})}
+    contended = bool(cores.get("contended_before") or cores.get("contended_during"))
+    return {**machine(), "threads": s.threads, "cores": cores, "contended": contended,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "torch": torch.__version__, "preset": s.preset,
             "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,
             "freeze": s.freeze, "decode_len": s.decode_len, "all_decoders": s.all_decoders,
             "rounds": s.rounds, "min_run_time": s.min_run_time, "allocator": allocator,
@@ -66,6 +72,8 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, re
     for mode in (m for m in settings.modes if not m.endswith("_eager")):
         cell = row.cells[mode]
         result[f"{mode}_error"] = cell.error
+        result[f"{mode}_rounds_spread"] = rounds_spread(cell.rounds)
+        result[f"{mode}_rounds_disagree"] = rounds_disagree(cell.rounds)
         if mode in DECODE_MODES:
             result[f"{mode}_tokens_per_s"] = ratio(row.decode_positions.get(mode), cell.seconds)
             continue

@@ -22,6 +22,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from benchmarks.failures import recover, release
+from benchmarks.machine import during, read_sample
 from benchmarks.measured import Cell, Row
 from benchmarks.memory import cache_bytes, keep_freed_memory, model_bytes, profile_step, sdpa_backend
 from benchmarks.report import block_result, meta, row_result
@@ -73,8 +74,10 @@ def run(settings: Settings) -> dict:
     with configured_process(settings) as allocator, \
             tqdm(total=len(plan) * phases_per_block, disable=not settings.show_progress,
                  unit="phase", dynamic_ncols=True) as bar:
+        started = read_sample()  # others' use of the cores across the run, against the one before
         blocks = [run_block(settings, device, dtype_name, shape, bar) for device, dtype_name, shape in plan]
-    return {"meta": meta(settings, allocator), "blocks": blocks}
+        cores = during(started, read_sample(), settings.threads)
+    return {"meta": meta(settings, allocator, cores), "blocks": blocks}
 
 
 def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, bar: tqdm) -> dict:

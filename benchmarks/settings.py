@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from benchmarks.machine import ThreadChoice
 from benchmarks.workload import Shape
 from common.config import TransformerConfig
 from variants import VARIANTS
@@ -25,6 +26,8 @@ class Settings:
     compile: bool = False  # torch.compile each model and time its eager steps alongside
     freeze: bool = False  # with compile: inductor freezing for the eval forward
     threads: int = field(default_factory=torch.get_num_threads)  # CPU threads, set for the run
+    thread_choice: ThreadChoice | None = None  # how `threads` was chosen and how busy the cores
+    # were before the run (benchmarks.machine.settle_threads); None: not checked
     rounds: int = 3  # interleaved rounds over the variants, merged per cell
     min_run_time: float = 0.4  # seconds of blocked_autorange per cell and round
     decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column

@@ -6,6 +6,7 @@ import math
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import median
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +32,31 @@ def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_t
     measurement = timer.blocked_autorange(min_run_time=min_run_time)
     cell.page_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     cell.calls += calls
+    cell.rounds.append(measurement.median)
     previous = [cell.measurement] if cell.measurement else []
     cell.measurement = Measurement.merge([*previous, measurement])[0]
+
+
+# A cell whose rounds' medians span more than this share of their median is marked as
+# unsteady. In quiet interleaved runs here, two copies of the same code differed by up to 13%
+# (docs/benchmarks.md, "What the teaching form costs"): that much is the machine's noise. A
+# cell whose own rounds disagree by more than 20% had something beyond it in some round
+# (another process, a frequency step), and a ratio built on it may be off by as much.
+ROUNDS_SPREAD_BOUND = 0.2
+
+
+def rounds_spread(seconds: list[float]) -> float | None:
+    """How far a cell's round medians disagree: (slowest - fastest) / their median; None
+    with fewer than two rounds, where there is nothing to compare."""
+    if len(seconds) < 2:
+        return None
+    return (max(seconds) - min(seconds)) / median(seconds)
+
+
+def rounds_disagree(seconds: list[float]) -> bool:
+    """Whether a cell's rounds spread beyond ``ROUNDS_SPREAD_BOUND``."""
+    spread = rounds_spread(seconds)
+    return spread is not None and spread > ROUNDS_SPREAD_BOUND
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,15 @@ from statistics import median
 import torch
 from tabulate import tabulate
 
+from benchmarks.machine import settle_threads
 from benchmarks.workload import BOS_ID, PRESETS, eos_id
 from common.batches import random_batch
 from common.cli import Parser, positive
 from common.config import TransformerConfig
 from seq2seq.greedy import NextToken
 from variants import FROM_SCRATCH, build
+
+DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=positive(int), default=8)
     parser.add_argument("--src-len", type=positive(int), default=64)
     parser.add_argument("--max-len", type=positive(int), default=129, help="ids per row, BOS included")
-    parser.add_argument("--threads", type=positive(int), default=2)
+    parser.add_argument("--threads", type=positive(int),
+                        help="CPU threads (default 2, fewer when other processes hold cores)")
     parser.add_argument("--target", type=positive(float), default=5.0,
                         help="report the first L at this speed-up")
     parser.add_argument("--ops", action="store_true", help="instead: count the kernel-running operators "
@@ -49,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     config = TransformerConfig(**PRESETS[args.preset].fields)
     if not args.ops and not 2 <= args.max_len <= config.max_seq_len:
         parser.error(f"--max-len must lie in [2, max_seq_len={config.max_seq_len}]")
-    torch.set_num_threads(args.threads)
+    choice = None if args.ops else settle_threads(args.threads, DEFAULT_THREADS)  # --ops times nothing
+    threads = choice.threads if choice else args.threads or DEFAULT_THREADS
+    if choice and choice.line:
+        print(f"{parser.prog}: {choice.line}", file=sys.stderr)
+    torch.set_num_threads(threads)
     if args.ops:
         src, tgt, src_mask, _ = random_batch(config, args.batch, args.src_len, 2).inputs()
         counts = [[v, step_ops(build(v, config, seed=0).eval(), src, tgt, src_mask)]
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{total_uncached / total_cached:.1f}x"])
         since, length = ids - 1, 2 * length - 1
     print(f"{args.variant}, preset {args.preset}, float32, cpu ({platform.machine()}, "
-          f"{args.threads} threads, torch {torch.__version__}), batch {args.batch} x src {args.src_len}")
+          f"{threads} threads, torch {torch.__version__}), batch {args.batch} x src {args.src_len}")
     print(tabulate(rows, ["L (ids incl. BOS)", "cached step ms", "uncached step ms", "step ratio",
                           "cached tok/s", "uncached tok/s", "speed-up"],
                    tablefmt="github", disable_numparse=True))

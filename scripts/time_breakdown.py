@@ -19,6 +19,7 @@ import torch
 from tabulate import tabulate
 
 from benchmarks.breakdown import GROUPS, coverage, profile_train_step
+from benchmarks.machine import settle_threads
 from benchmarks.plot import matplotlib_problem, path_problem
 from benchmarks.workload import DTYPES, PRESETS
 from common.batches import random_batch
@@ -27,6 +28,7 @@ from common.config import TransformerConfig
 from variants import VARIANTS, build
 
 STEPS = ("eager", "compiled")
+DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="eager, and/or compiled as compare.py --compile compiles the step")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: operators' CPU time; cuda: their kernels' GPU time")
-    parser.add_argument("--threads", type=positive(int), default=2)
+    parser.add_argument("--threads", type=positive(int),
+                        help="CPU threads (default 2, fewer when other processes hold cores)")
     parser.add_argument("--repeats", type=positive(int), default=3,
                         help="profiled steps per row; the fastest is kept (default 3)")
     parser.add_argument("--ms", action="store_true", help="the table in ms per group, not %% of the step")
@@ -51,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         parser.error(problem)
     device = device_or_exit(parser, args.device)
-    torch.set_num_threads(args.threads)
+    choice = settle_threads(args.threads, DEFAULT_THREADS) if device.type == "cpu" else None  # CUDA: GPU time
+    threads = choice.threads if choice else args.threads or DEFAULT_THREADS
+    if choice and choice.line:
+        print(f"{parser.prog}: {choice.line}", file=sys.stderr)
+    torch.set_num_threads(threads)
     fields, batch, length = PRESETS[args.preset]
     batch, length = args.batch or batch, args.length or length
     config = TransformerConfig(**fields)
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             shares[variant] = (total, {g: 100 * t / total for g, t in groups.items()})
             shares[variant][1]["covered"] = coverage(groups, total)
         panels[dtype, step] = shares
-        where = f"cpu, {args.threads} threads" if device.type == "cpu" else torch.cuda.get_device_name()
+        where = f"cpu, {threads} threads" if device.type == "cpu" else torch.cuda.get_device_name()
         print(f"\ntrain step ({dtype}, {step}, {where}), preset {args.preset}, "
               f"batch {batch} x {length} x {length}: "
               + ("ms of profiled self time" if args.ms else "% of profiled self time"))

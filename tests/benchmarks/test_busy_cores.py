@@ -1,0 +1,382 @@
+"""Measuring on a shared machine: the busy-core reading (benchmarks.machine) from injected
+/proc/stat readings, the thread choice and its one line, the unsteady-cell mark in the table,
+JSON and CSV, the busy header and the contention line, the OpenMP wait policy reaching the
+process, and one real busy core (a pinned spinner) seen by the detection."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch import nn
+from torch.utils.benchmark.utils.common import Measurement, TaskSpec
+
+import benchmarks.machine
+import compare
+from benchmarks.machine import (
+    CoreLoad,
+    CpuSample,
+    between,
+    choose_threads,
+    during,
+    look,
+    parse_proc_stat,
+    read_sample,
+    settle_threads,
+    wait_policy_environment,
+)
+from benchmarks.measured import Cell, Row
+from benchmarks.render import UNSTEADY_MARK, render
+from benchmarks.report import block_result, meta, row_result
+from benchmarks.settings import Settings
+from benchmarks.timing import Peak, rounds_disagree, rounds_spread
+from benchmarks.workload import PRESETS, Shape
+from common.config import TransformerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# --- reading /proc/stat ---------------------------------------------------------------------
+
+# columns: user nice system idle iowait irq softirq steal guest guest_nice
+PROC_STAT = """cpu  300 0 0 300 0 0 0 0 0 0
+cpu0 100 5 10 50 5 1 2 3 7 0
+cpu1 20 0 0 170 10 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_proc_stat_busy_and_total_ticks_per_cpu():
+    busy, total = parse_proc_stat(PROC_STAT, [0, 1])
+    # cpu0: total 100+5+10+50+5+1+2+3 = 176 (guest inside user), idle+iowait = 55
+    assert busy == (176 - 55, 200 - 180) and total == (176, 200)
+    assert parse_proc_stat(PROC_STAT, [1]) == ((20,), (200,))  # only the CPUs asked for
+
+
+def test_proc_stat_without_the_cpus_line_names_it():
+    with pytest.raises(ValueError, match="cpu3"):
+        parse_proc_stat(PROC_STAT, [0, 3])
+    with pytest.raises(ValueError, match="cpu0"):
+        parse_proc_stat("cpu0 1 2 3\n", [0])  # too few columns
+
+
+def sample(busy: tuple[int, ...], total: tuple[int, ...], own_s: float, wall_s: float) -> CpuSample:
+    return CpuSample(busy, total, own_s, wall_s, load=0.5)
+
+
+def test_others_use_is_the_busy_share_summed_less_this_process():
+    before = sample((0, 0), (0, 0), own_s=0.0, wall_s=10.0)
+    # over 1 s: cpu0 busy 100 of 100 ticks, cpu1 30 of 100; this process used 0.2 s of CPU
+    after = sample((100, 30), (100, 100), own_s=0.2, wall_s=11.0)
+    load = between(before, after)
+    assert load.cpus == 2 and load.window_s == pytest.approx(1.0)
+    assert load.others == pytest.approx(1.0 + 0.3 - 0.2)
+    busy_self = sample((50, 50), (100, 100), own_s=1.5, wall_s=11.0)  # all of it ours
+    assert between(before, busy_self).others == 0.0
+
+
+def test_samples_out_of_order_or_of_other_cpus_are_refused():
+    before = sample((0, 0), (0, 0), 0.0, 10.0)
+    with pytest.raises(ValueError, match="later"):
+        between(before, sample((1, 1), (2, 2), 0.0, 10.0))
+    with pytest.raises(ValueError, match="2 and 1 CPUs"):
+        between(before, sample((1,), (2,), 0.0, 11.0))
+
+
+@pytest.mark.parametrize(("others", "free"), [(0.0, 2), (0.05, 2), (0.19, 2), (0.21, 1), (1.0, 1),
+                                              (1.2, 1), (1.25, 0), (2.0, 0), (3.5, 0)])
+def test_free_cores_count_a_fifth_of_a_core_used_by_others_as_taken(others, free):
+    # the rule by hand: each started 0.2 of a core beyond the first 0.2 takes a whole core
+    assert CoreLoad(cpus=2, others=others, window_s=0.3, load=None).free == free
+
+
+def test_look_sleeps_the_window_between_two_readings():
+    readings = iter([sample((0, 0), (0, 0), 0.0, 5.0), sample((30, 0), (30, 30), 0.0, 5.3)])
+    slept = []
+    load = look(0.3, read=lambda: next(readings), sleep=slept.append)
+    assert slept == [0.3] and load.others == pytest.approx(1.0) and load.free == 1
+    assert look(0.3, read=lambda: None, sleep=slept.append) is None  # no /proc/stat
+
+
+def test_a_real_reading_of_this_process_cpus():
+    reading = read_sample()
+    if reading is None:
+        pytest.skip("no /proc/stat here")
+    assert len(reading.busy_ticks) == len(os.sched_getaffinity(0))
+    assert all(0 <= b <= t for b, t in zip(reading.busy_ticks, reading.total_ticks, strict=True))
+
+
+# --- choosing the threads -------------------------------------------------------------------
+
+IDLE = CoreLoad(cpus=2, others=0.03, window_s=0.3, load=0.1)
+ONE_BUSY = CoreLoad(cpus=2, others=0.98, window_s=0.3, load=1.02)
+ALL_BUSY = CoreLoad(cpus=2, others=2.0, window_s=0.3, load=2.5)
+
+
+def test_an_idle_machine_keeps_the_default_and_says_so_quietly():
+    choice = choose_threads(IDLE, requested=None, default=2)
+    assert (choice.threads, choice.busy, choice.contended) == (2, False, False)
+    assert choice.line == "2 threads: 2 of 2 cores free (others used 0.03 cores over 0.3 s; load 0.10)"
+
+
+def test_a_busy_core_cuts_the_default_to_the_free_cores_and_says_why():
+    choice = choose_threads(ONE_BUSY, requested=None, default=2)
+    assert (choice.threads, choice.busy, choice.contended) == (1, True, False)
+    assert choice.line.startswith("1 thread, not 2: 1 of 2 cores free (others used 0.98 cores over "
+                                  "0.3 s; load 1.02)")
+    assert "--threads 2 to insist" in choice.line
+    assert choose_threads(ONE_BUSY, None, default=1).threads == 1  # never above the default
+
+
+def test_no_free_core_still_times_with_one_thread_and_calls_the_run_contended():
+    choice = choose_threads(ALL_BUSY, requested=None, default=2)
+    assert (choice.threads, choice.contended) == (1, True)
+    assert "0 of 2 cores free" in choice.line and "inflated" in choice.line
+
+
+def test_an_explicit_thread_count_is_kept_with_a_warning_when_its_cores_are_busy():
+    choice = choose_threads(ONE_BUSY, requested=2, default=2)
+    assert (choice.threads, choice.requested, choice.contended) == (2, 2, True)
+    assert choice.line.startswith("warning: --threads 2 with 1 of 2 cores free (others used 0.98")
+    quiet = choose_threads(ONE_BUSY, requested=1, default=2)  # one thread fits the free core
+    assert (quiet.threads, quiet.line, quiet.contended) == (1, None, False)
+    assert choose_threads(IDLE, requested=2, default=2).line is None
+
+
+def test_bad_thread_counts_are_refused():
+    with pytest.raises(ValueError, match="requested=0"):
+        choose_threads(IDLE, requested=0, default=2)
+
+
+def test_one_thread_needs_no_look_and_more_do():
+    def forbidden():
+        raise AssertionError("looked at the cores for a one-thread run")
+
+    assert settle_threads(1, 2, observe=forbidden).threads == 1
+    assert settle_threads(None, 1, observe=forbidden).before is None
+    assert settle_threads(None, 2, observe=lambda: ONE_BUSY).threads == 1
+
+
+def test_the_reading_across_a_run_says_whether_others_competed():
+    before = sample((0, 0), (0, 0), 0.0, 0.0)
+    after = sample((1000, 200), (1000, 1000), own_s=10.0, wall_s=10.0)  # others: 1.2 - 1.0
+    assert during(before, after, threads=2) == {
+        "others_during": pytest.approx(0.2), "free_during": 2, "cpus": 2, "run_s": 10.0,
+        "load_after": 0.5, "contended_during": False}
+    busy = sample((1000, 1000), (1000, 1000), own_s=10.0, wall_s=10.0)  # others: a whole core
+    assert during(before, busy, threads=2)["contended_during"]
+    assert not during(before, busy, threads=1)["contended_during"]
+    assert during(None, busy, threads=1) is None
+
+
+# --- the OpenMP wait policy -----------------------------------------------------------------
+
+
+def test_the_wait_policy_option_goes_to_the_environment_before_torch(monkeypatch):
+    monkeypatch.setattr(benchmarks.machine, "DEFAULT_WAIT_POLICY", None)
+    assert wait_policy_environment(["--omp-wait-policy", "passive"], {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_policy_environment(["--omp-wait-policy=active", "--quiet"], {"OMP_WAIT_POLICY": "PASSIVE"}) \
+        == {"OMP_WAIT_POLICY": "ACTIVE"}  # the option wins over the environment
+    assert wait_policy_environment(["--quiet"], {}) == {}  # OpenMP's own policy
+    assert wait_policy_environment(["--omp-wait-policy", "sometimes"], {}) == {}  # the parser refuses it
+    assert wait_policy_environment(["--omp-wait-policy"], {}) == {}  # no exit here either
+    monkeypatch.setattr(benchmarks.machine, "DEFAULT_WAIT_POLICY", "passive")
+    assert wait_policy_environment([], {}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_policy_environment([], {"OMP_WAIT_POLICY": "ACTIVE"}) == {}  # the user's stays
+
+
+def test_a_wait_policy_asked_after_torch_loaded_is_refused(monkeypatch, capsys):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        compare.parse_args(["--preset", "tiny", "--omp-wait-policy", "passive"])
+    assert stop.value.code == 2
+    assert "--omp-wait-policy passive: torch was loaded before" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch (2 s idle, 18 s on a busy machine)
+def test_the_wait_policy_reaches_the_openmp_runtime():
+    """libgomp prints its settings as it loads (OMP_DISPLAY_ENV), i.e. when compare.py imports
+    torch: the policy it read is the option's, over the environment's ACTIVE."""
+    env = os.environ | {"OMP_DISPLAY_ENV": "TRUE", "OMP_WAIT_POLICY": "ACTIVE"}
+    done = subprocess.run([sys.executable, "compare.py", "--omp-wait-policy", "passive", "--help"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "OMP_WAIT_POLICY = 'PASSIVE'" in done.stderr
+
+
+# --- rounds that disagree, in the table, JSON and CSV -----------------------------------------
+
+
+def test_rounds_spread_is_range_over_median():
+    assert rounds_spread([1.0, 1.0, 3.0]) == pytest.approx(2.0)
+    assert rounds_spread([1.0, 1.01, 0.99]) == pytest.approx(0.02)
+    assert rounds_spread([2.0]) is None
+    assert rounds_disagree([1.0, 1.0, 3.0]) and not rounds_disagree([1.0, 1.01, 0.99])
+    assert not rounds_disagree([1.0])  # one round: nothing to compare
+    assert not rounds_disagree([1.0, 1.0, 1.19]) and rounds_disagree([1.0, 1.0, 1.21])  # the 20% bound
+
+
+def timed_cell(rounds: list[float]) -> Cell:
+    """A cell as three timed rounds leave it: their medians, and the merged measurement."""
+    spec = TaskSpec(stmt="step()", setup="pass")
+    return Cell(measurement=Measurement(1, list(rounds), spec), rounds=list(rounds), calls=3)
+
+
+STEADY, UNSTEADY = [1.0, 1.01, 0.99], [1.0, 1.0, 3.0]
+TINY_CONFIG = TransformerConfig(**PRESETS["tiny"].fields)
+
+
+def report_with(rounds: dict[str, dict[str, list[float]]], cores: dict | None = None,
+                contended: bool = False, scale: float = 1.0, threads: int = 2) -> dict:
+    """A one-block report whose rows' rounds are given (variant -> mode -> round seconds),
+    through the report's own row_result and meta; ``scale`` multiplies every time."""
+    settings = Settings(config=TINY_CONFIG, shapes=(Shape(2, 8, 6),), preset="tiny", decode_len=1,
+                        threads=threads, variants=tuple(rounds), show_progress=False)
+    rows = {name: Row(name, nn.Linear(2, 2), cells={mode: timed_cell([scale * s for s in seconds])
+                                                    for mode, seconds in modes.items()})
+            for name, modes in rounds.items()}
+    peak = Peak(1e12, 1e10, (1e12,), (8, 8, 8), {(8, 8, 8): 1e12})
+    rows["torch"].fast_path = True  # as on CPU here; its note's other form is a longer line
+    results = [row_result(row, settings, Shape(2, 8, 6), peak.flops_per_second, rows["torch"])
+               for row in rows.values()]
+    block = block_result("cpu", "float32", Shape(2, 8, 6), peak, results,
+                         float32_matmul_precision="IEEE float32")
+    report = {"meta": meta(settings, "glibc default"), "blocks": [block]}
+    report["meta"]["cores"], report["meta"]["contended"] = cores or {}, contended
+    return report
+
+
+def table_cells(text: str) -> dict[str, list[str]]:
+    """variant -> its github-table cells."""
+    lines = [line for line in text.splitlines() if line.startswith("| ")]
+    return {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
+                                          for line in lines[1:])}
+
+
+def test_a_cell_whose_rounds_disagree_is_marked_with_its_ratio_and_explained():
+    report = report_with({"explicit": {"forward": UNSTEADY, "train": STEADY},
+                          "torch": {"forward": STEADY, "train": STEADY}})
+    text = render(report, "github")
+    cells = table_cells(text)
+    # variant, params M, fwd ms, ×torch, train ms, ×torch, % peak, peak MB, max Δ logp
+    assert cells["explicit"][2:6] == [f"1000.0{UNSTEADY_MARK}", f"1.00{UNSTEADY_MARK}", "1000.0", "1.00"]
+    assert cells["torch"][2:6] == ["1000.0", "1.00", "1000.0", "1.00"]
+    assert not cells["explicit"][6].endswith(UNSTEADY_MARK)  # % peak is the (steady) train step's
+    assert f"  {UNSTEADY_MARK}: its rounds differ by over 20% of their median" in text
+    steady = render(report_with({"explicit": {"forward": STEADY, "train": STEADY},
+                                 "torch": {"forward": STEADY, "train": STEADY}}), "github")
+    assert UNSTEADY_MARK not in steady  # neither a mark nor its legend
+
+
+def test_a_steady_row_ratio_to_an_unsteady_reference_is_marked_but_not_its_time():
+    report = report_with({"explicit": {"forward": STEADY, "train": STEADY},
+                          "torch": {"forward": STEADY, "train": UNSTEADY}})
+    explicit = table_cells(render(report, "github"))["explicit"]
+    assert explicit[4:6] == ["1000.0", f"1.00{UNSTEADY_MARK}"]  # train ms, train ×torch
+    assert not explicit[6].endswith(UNSTEADY_MARK)  # its % peak needs no torch time
+
+
+def test_json_and_csv_carry_each_cells_spread_and_verdict():
+    report = report_with({"explicit": {"forward": UNSTEADY, "train": STEADY},
+                          "torch": {"forward": STEADY, "train": STEADY}})
+    rows = {row["variant"]: row for row in json.loads(render(report, "json"))["blocks"][0]["rows"]}
+    assert rows["explicit"]["forward_rounds_disagree"] is True
+    assert rows["explicit"]["forward_rounds_spread"] == pytest.approx(2.0)
+    assert rows["explicit"]["train_rounds_disagree"] is False
+    assert rows["torch"]["forward_rounds_disagree"] is False
+    header, *lines = render(report, "csv").splitlines()
+    columns = header.split(",")
+    by_variant = {line.split(",")[columns.index("variant")]: line.split(",") for line in lines}
+    verdict = columns.index("forward_rounds_disagree")
+    assert by_variant["explicit"][verdict] == "True" and by_variant["torch"][verdict] == "False"
+    assert by_variant["explicit"][columns.index("run_contended")] == "False"
+
+
+def test_the_compact_table_fits_120_characters_with_every_cell_marked():
+    report = report_with({"explicit": {"forward": UNSTEADY, "train": UNSTEADY},
+                          "torch": {"forward": UNSTEADY, "train": UNSTEADY}},
+                         BUSY_CORES, contended=True, scale=9.0)  # 9000 ms, every extra line
+    text = render(report, "github")
+    assert text.count(UNSTEADY_MARK) > 8
+    assert max(map(len, text.splitlines())) <= 120, text
+
+
+BUSY_CORES = {"threads": 2, "requested": 2, "default": 2, "cpus": 2, "others_before": 0.98,
+              "free_before": 1, "window_s": 0.3, "load_before": 1.02, "busy_before": True,
+              "contended_before": True, "others_during": 1.01, "free_during": 1, "run_s": 20.0,
+              "load_after": 1.1, "contended_during": True}
+
+
+def test_a_contended_run_says_so_first_and_the_header_gives_the_load_and_threads():
+    steady = {"explicit": {"forward": STEADY, "train": STEADY}, "torch": {"forward": STEADY, "train": STEADY}}
+    lines = render(report_with(steady, BUSY_CORES, contended=True), "github").splitlines()
+    assert lines[0] == ("warning: timed on busy cores: 2 threads, 1 of 2 cores free during the run; "
+                        "times inflated, ratios unreliable")
+    assert max(map(len, lines)) <= 120
+    assert lines[2].startswith("cpu: ") and "matmul peak" in lines[3]
+    assert lines[4] == ("busy cores (2 here): others used 0.98 before timing, 1.01 during the run "
+                        "(load 1.10); --threads 2 as asked")
+    chosen = BUSY_CORES | {"requested": None, "threads": 1, "contended_before": False,
+                           "contended_during": False}
+    lines = render(report_with(steady, chosen, threads=1), "github").splitlines()
+    assert lines[0].startswith("cpu: ") and lines[2].endswith("; 1 thread, not 2")
+    idle = render(report_with(steady, {"cpus": 2, "others_during": 0.02, "free_during": 2}), "github")
+    assert "busy cores" not in idle and "warning" not in idle
+    assert render(report_with(steady, BUSY_CORES, contended=True), "csv").splitlines()[1].endswith(",True")
+
+
+# --- compare.py adapts, and a real busy core --------------------------------------------------
+
+
+def test_compare_runs_with_the_threads_the_check_chose_and_says_why(monkeypatch, capsys):
+    """compare.py's main with the core check and the run replaced: what it hands the run, and
+    what it prints, though --quiet."""
+    handed = []
+    one_of_four_busy = CoreLoad(cpus=4, others=1.0, window_s=0.3, load=1.0)  # unlike this process's 1
+    monkeypatch.setattr(compare, "settle_threads",
+                        lambda requested, default: choose_threads(one_of_four_busy, requested, default=4))
+    monkeypatch.setattr(compare, "run", lambda settings: handed.append(settings) or report_with(
+        {"torch": {"forward": STEADY, "train": STEADY}}, BUSY_CORES, contended=True))
+    assert compare.main(["--preset", "tiny", "--quiet", "--format", "json"]) == 0
+    (settings,) = handed
+    assert settings.threads == 3 and settings.thread_choice.before == one_of_four_busy
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("compare.py: 3 threads, not 4: 3 of 4 cores free")
+    assert err[1].startswith("compare.py: warning: timed on busy cores")  # json: not in the table
+    compare.main(["--preset", "tiny", "--quiet", "--threads", "4"])
+    assert handed[-1].threads == 4 and handed[-1].thread_choice.contended
+    captured = capsys.readouterr()
+    assert captured.err.startswith("compare.py: warning: --threads 4 with 3 of 4 cores free")
+    assert captured.out.startswith("warning: timed on busy cores")  # the table's first line
+
+
+SPINNER = """import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+print("spinning", flush=True)
+while True:
+    pass
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2
+                    or read_sample() is None, reason="needs two CPUs, affinity and /proc/stat")
+def test_a_core_held_by_a_spinning_process_is_seen_and_left_out():
+    cpus = sorted(os.sched_getaffinity(0))
+    spinner = subprocess.Popen([sys.executable, "-c", SPINNER, str(cpus[0])], stdout=subprocess.PIPE,
+                               text=True)
+    try:
+        assert spinner.stdout.readline().strip() == "spinning"
+        load = look()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert load.others >= 0.8  # the spinner's core, whatever else runs here
+    chosen = choose_threads(load, requested=None, default=len(cpus))
+    assert chosen.threads <= len(cpus) - 1 and chosen.busy
+    assert f"{chosen.threads} thread" in chosen.line and f"of {len(cpus)} cores free" in chosen.line
+    insisted = choose_threads(load, requested=len(cpus), default=len(cpus))
+    assert insisted.threads == len(cpus) and insisted.contended
+    assert insisted.line.startswith(f"warning: --threads {len(cpus)} with ")
