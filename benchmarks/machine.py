@@ -189,7 +189,7 @@ def choose_threads(before: CoreLoad | None, requested: int | None, default: int)
     threads = max(1, min(default, free))
     contended = threads > free  # only when no core at all is free
     if contended:
-        line = (f"{plural(threads, 'thread')}: {seen}; every row shares its core with other work, "
+        line = (f"{plural(threads, 'thread')}: {seen}; the timed work shares its core with others, "
                 "so times are inflated")
     elif threads < default:
         line = (f"{plural(threads, 'thread')}, not {default}: {seen}; a parallel region would wait "
