@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
+ATTRIBUTION = "www.manythings.org/anki and tatoeba.org"  # what the Tatoeba exports ask to be credited
 NORMALIZATIONS: tuple[str, ...] = ("NFC", "NFKC")
 
 

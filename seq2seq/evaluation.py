@@ -120,3 +120,12 @@ def _sacrebleu_metrics():
     except ImportError as error:
         raise ImportError('translation scores need sacreBLEU: pip install -e ".[translate]"') from error
     return metrics
+
+
+def score_lines(scores: dict[int, Scores]) -> list[str]:
+    """The report of ``seq2seq.translation.evaluate``'s scores: BLEU and chrF per beam size (1 is
+    greedy), then the two sacreBLEU signatures."""
+    lines = [f"{'greedy' if size == 1 else f'beam {size}':<8} BLEU {s.bleu:5.2f}  chrF {s.chrf:5.2f}"
+             for size, s in scores.items()]
+    first = next(iter(scores.values()))
+    return [*lines, f"BLEU signature: {first.bleu_signature}", f"chrF signature: {first.chrf_signature}"]

@@ -37,9 +37,9 @@ from seq2seq.checkpoint import (
     load_checkpoint,
     save,
 )
-from seq2seq.corpus import CorpusSettings, load_corpus
+from seq2seq.corpus import ATTRIBUTION, CorpusSettings, load_corpus
 from seq2seq.distributed import World
-from seq2seq.evaluation import Scores, accuracy_line, held_out_accuracy
+from seq2seq.evaluation import accuracy_line, held_out_accuracy, score_lines
 from seq2seq.recipe import Recipe, StepReport
 from seq2seq.subwords import Vocabulary, train_vocabulary
 from seq2seq.tasks import TaskBatches, TaskData
@@ -59,7 +59,6 @@ from seq2seq.translation import (
 from variants import VARIANTS, build
 
 TRANSLATE = "translate"
-ATTRIBUTION = "www.manythings.org/anki and tatoeba.org"  # the Tatoeba exports' required credit
 # TranslationSettings field -> the option that sets it (and takes the preset's value as default)
 PRESET_OPTIONS = {
     "vocabulary_size": "vocab", "d_model": "d_model", "n_heads": "heads", "n_layers": "layers",
@@ -388,16 +387,8 @@ def _translate(args: argparse.Namespace, world: World, device: torch.device) -> 
         references = sum(len(example.references) for example in corpus.test)
         print(f"test split: {len(corpus.test):,} English sentences of at most {args.corpus.max_words} "
               f"words, {references:,} French references (data: {ATTRIBUTION})")
-        for line in score_table(scores):
+        for line in score_lines(scores):
             print(line)
-
-
-def score_table(scores: dict[int, Scores]) -> list[str]:
-    """The lines that report BLEU and chrF per beam size, then the two sacreBLEU signatures."""
-    lines = [f"{'greedy' if size == 1 else f'beam {size}':<8} BLEU {s.bleu:5.2f}  chrF {s.chrf:5.2f}"
-             for size, s in scores.items()]
-    first = next(iter(scores.values()))
-    return [*lines, f"BLEU signature: {first.bleu_signature}", f"chrF signature: {first.chrf_signature}"]
 
 
 def _report(args: argparse.Namespace, trainer: Trainer, losses: list[float], seconds: float) -> None:

@@ -6,12 +6,17 @@
 
 Sentences come from the command line, or one per line from stdin when none are given; each
 translation is printed on its own line, in order. Beam search (beam 4, alpha 0.6) by default,
-``--beam 1`` for greedy decoding. A thin shell over ``seq2seq.translation.translate``.
+``--beam 1`` for greedy decoding. ``--score`` instead reports test BLEU and chrF, greedy and
+beam 4, on the test split of the corpus the model was trained on (the path its settings name,
+or ``--data``). A thin shell over ``seq2seq.translation``.
+
+    python -m seq2seq.translate runs/fr/average.pt --score --data fra-eng.zip
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -19,9 +24,11 @@ import torch
 
 from common.cli import Parser, device_or_exit, one_line, positive
 from seq2seq.beam import ALPHA, BEAM_SIZE
-from seq2seq.checkpoint import build_model, load
+from seq2seq.checkpoint import ModelFile, build_model, load
+from seq2seq.corpus import ATTRIBUTION, CorpusSettings, load_corpus
+from seq2seq.evaluation import score_lines
 from seq2seq.subwords import Vocabulary
-from seq2seq.translation import translate
+from seq2seq.translation import evaluate, translate
 from variants import VARIANTS
 
 PROG = "python -m seq2seq.translate"
@@ -38,6 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--alpha", type=float, default=ALPHA, help=f"length penalty (default {ALPHA})")
     parser.add_argument("--variant", choices=VARIANTS, default=None,
                         help="the variant to decode with (default: the one that trained)")
+    parser.add_argument("--score", action="store_true",
+                        help="report test BLEU and chrF (greedy and beam 4) instead of translating")
+    parser.add_argument("--data", type=Path, default=None, metavar="PATH",
+                        help="with --score: the corpus export, if not where the model's settings say")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive(int), default=None)
     args = parser.parse_args(argv)
@@ -62,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
         model = build_model(record, args.variant).to(args.device)
     except (FileNotFoundError, LookupError, ValueError) as error:
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
+    if args.score:
+        _score(args, record, model, vocabulary)
+        return
     sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     try:
         translations = translate(model, vocabulary, sentences, beam_size=args.beam, alpha=args.alpha,
@@ -69,6 +83,24 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:  # a sentence longer than the model reads
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     for line in translations:
+        print(line)
+
+
+def _score(args: argparse.Namespace, record: ModelFile, model: torch.nn.Module,
+           vocabulary: Vocabulary) -> None:
+    """The test split's scores, as ``python -m seq2seq.train --task translate`` reports them."""
+    try:
+        settings = CorpusSettings(**record.settings["data"]["corpus"])
+        if args.data is not None:
+            settings = dataclasses.replace(settings, path=str(args.data))
+        corpus = load_corpus(settings)
+    except (KeyError, TypeError) as error:
+        raise SystemExit(f"{PROG}: error: {args.model} names no corpus settings: {one_line(error)}") from None
+    except ValueError as error:
+        raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
+    print(f"{args.model}: test split, {len(corpus.test):,} English sentences of at most "
+          f"{settings.max_words} words (data: {ATTRIBUTION})")
+    for line in score_lines(evaluate(model, vocabulary, corpus.test, normalization=settings.normalization)):
         print(line)
 
 

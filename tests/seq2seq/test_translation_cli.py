@@ -142,3 +142,15 @@ def test_a_model_file_translates_in_a_fresh_process_without_the_corpus(trained_r
                             cwd=tmp_path, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 2
+
+
+def test_translate_scores_a_model_on_its_test_split(trained_run, tmp_path, capsys):
+    directory, out, _ = trained_run
+    model = str(list_checkpoints(directory)[-1])
+    translate.main([model, "--score"])
+    lines = capsys.readouterr().out.splitlines()
+    assert "www.manythings.org/anki and tatoeba.org" in lines[0]
+    assert lines[1:] == out.splitlines()[2:]  # the scores the run printed for the same weights
+    missing = str(tmp_path / "x.zip")
+    err = one_line_error(capsys, lambda: translate.main([model, "--score", "--data", missing]), code=1)
+    assert "x.zip: no such file" in err
