@@ -1,0 +1,122 @@
+"""Decode rows for the deployment engines: ONNX Runtime and CTranslate2, float32 and int8.
+
+    rows = engine_rows(model, batch, max_len=65, directory=tmp, threads=2)
+    for row in rows:                      # "onnxruntime float32", ..., "ctranslate2 int8"
+        ids = row.steps["decode"]()       # (B, L) ids, as benchmarks.steps.decode_step returns
+
+For one model's weights (any row's), one padded batch and ``max_len`` ids per row (BOS
+included), each ``EngineRow`` holds the calls a variant row's decode columns time: "decode",
+cached greedy decoding, and "beam", beam search of ``seq2seq.beam.BEAM_SIZE``. ONNX Runtime's
+are the suite's own greedy_decode and beam_search driving the sessions
+(``seq2seq.engines.onnx_runtime``), so its beam is the suite's; CTranslate2's beam is its own
+search, with its own length penalty (docs/deployment.md). Exporting is done here, once, before
+any timing; the calls then only decode. int8 is ONNX Runtime's dynamic quantization and
+CTranslate2's ``compute_type="int8"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from torch import Tensor, nn
+
+from benchmarks.steps import beam_step, decode_step
+from benchmarks.workload import BOS_ID, eos_id
+from common.batches import Batch
+from seq2seq.beam import ALPHA, BEAM_SIZE
+
+if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for
+    from seq2seq.engines.ctranslate import CTranslate2Model
+
+ENGINES = ("onnxruntime", "ctranslate2")
+PRECISIONS = ("float32", "int8")
+ENGINE_MODES = ("decode", "beam")  # the decode modes an engine row has (no full-recompute decode)
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    """One engine at one precision: its timed decode calls."""
+
+    engine: str  # one of ENGINES
+    precision: str  # one of PRECISIONS
+    steps: dict[str, Callable[[], Tensor]]  # mode in ENGINE_MODES -> a call returning (B, L) ids
+
+    @property
+    def label(self) -> str:
+        """The row's name in a table: engine and precision."""
+        return f"{self.engine} {self.precision}"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Which engine rows to build and how they run."""
+
+    engines: tuple[str, ...] = ENGINES  # which of ENGINES
+    precisions: tuple[str, ...] = PRECISIONS  # which of PRECISIONS
+    threads: int = 1  # intra-op threads of each session / translator (the variants' torch threads)
+    exporter: str = "dynamo"  # torch.onnx exporter: "dynamo" (supported) or "torchscript" (faster)
+
+    def __post_init__(self) -> None:
+        for name, chosen, known in (
+            ("engines", self.engines, ENGINES),
+            ("precisions", self.precisions, PRECISIONS),
+        ):
+            unknown = [value for value in chosen if value not in known]
+            if unknown or not chosen:
+                raise ValueError(f"EngineSettings.{name} must be a non-empty subset of {known}, got {chosen}")
+        if isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"EngineSettings.threads must be a positive int, got {self.threads!r}")
+
+
+def engine_rows(
+    model: nn.Module,
+    batch: Batch,
+    max_len: int,
+    directory: str | Path,
+    settings: EngineSettings = EngineSettings(),
+) -> list[EngineRow]:
+    """Export ``model``'s weights under ``directory`` and build every requested engine row."""
+    directory = Path(directory)
+    rows = []
+    if "onnxruntime" in settings.engines:
+        from seq2seq.engines import onnx_runtime
+
+        exported = onnx_runtime.export_onnx(model, directory / "onnx", exporter=settings.exporter)
+        if "int8" in settings.precisions:
+            onnx_runtime.quantize_int8(exported)
+        for precision in settings.precisions:
+            engine = onnx_runtime.OnnxRuntimeModel(exported, precision=precision, threads=settings.threads)
+            rows.append(
+                EngineRow(
+                    "onnxruntime",
+                    precision,
+                    {
+                        "decode": decode_step(engine, batch, max_len),
+                        "beam": beam_step(engine, batch, max_len),
+                    },
+                )
+            )
+    if "ctranslate2" in settings.engines:
+        from seq2seq.engines import ctranslate
+
+        exported = ctranslate.export_ctranslate2(
+            model, directory / "ctranslate2", bos_id=BOS_ID, eos_id=eos_id(model.config)
+        )
+        for precision in settings.precisions:
+            engine = ctranslate.CTranslate2Model(exported, compute_type=precision, threads=settings.threads)
+            rows.append(EngineRow("ctranslate2", precision, ctranslate2_steps(engine, batch, max_len)))
+    return rows
+
+
+def ctranslate2_steps(
+    engine: CTranslate2Model, batch: Batch, max_len: int
+) -> dict[str, Callable[[], Tensor]]:
+    """CTranslate2's greedy decoding and its beam search (beam 4, alpha 0.6 in its own penalty)."""
+    src = batch.src.cpu()
+    return {
+        "decode": lambda: engine.greedy(src, max_len=max_len),
+        "beam": lambda: engine.beam(src, max_len=max_len, beam_size=BEAM_SIZE, alpha=ALPHA).tokens,
+    }
