@@ -31,9 +31,10 @@ def ids_range_checked() -> Iterator[None]:
 
     For a caller that runs the same ids many times and has checked them once, outside the
     block, by a checked call: ``benchmarks/bench_speed.py``'s timed CUDA steps, and
-    ``benchmarks/bench_range_check.py``, which times a step both ways. On CUDA the sync would
-    otherwise make small timed steps measure the launch queue. Every other check (kind, dtype,
-    shape, device, length) still runs; an id out of range inside the block meets the
+    ``benchmarks/bench_range_check.py``, which times a step both ways; and a loop whose ids are
+    in range by construction (``seq2seq.static_greedy``: argmax ids, its own positions). On CUDA
+    the sync would otherwise make small timed steps measure the launch queue. Every other check
+    (kind, dtype, shape, device, length) still runs; an id out of range inside the block meets the
     embedding's own error (on CUDA a device-side assert, which poisons the context).
     """
     token = _RANGE_CHECKED_BY_CALLER.set(True)
@@ -85,12 +86,7 @@ def check_step(model: nn.Module, tgt: Tensor, cache: object) -> None:
         raise TypeError(f"cache must be a DecoderCache from model.start_cache, got {type(cache).__name__}")
     if not cache.started_by(model):
         raise ValueError("cache was started by another model; start one with this model's start_cache")
-    _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
-    if tgt.shape != (cache.batch_size, 1):
-        raise ValueError(
-            f"tgt must hold one new id per cached row, shape (B={cache.batch_size}, 1), "
-            f"got {tuple(tgt.shape)}"
-        )
+    _check_next_ids(model, tgt, cache.batch_size)
     if cache.length >= config.max_seq_len:
         raise ValueError(
             f"decode_step at position {cache.length} is past max_seq_len {config.max_seq_len} "
@@ -99,6 +95,30 @@ def check_step(model: nn.Module, tgt: Tensor, cache: object) -> None:
     if cache.device != device:
         raise ValueError(f"cache is on {cache.device} but the model is on {device}; start a new one")
     _check_dtype("cache", cache.dtype, model, device)
+
+
+def check_static_step(model: nn.Module, tgt: Tensor, position: Tensor, batch: int, max_len: int) -> None:
+    """The ids and position of a static-shape cached step (``variants.fused``'s ``static_step``):
+    (B, 1) next ids and a 0-d int64 tensor in [0, max_len). Their values are read (one host sync)
+    only where the ids' range is (not under torch.compile, not inside ``ids_range_checked``)."""
+    device = model_device(model)
+    _check_next_ids(model, tgt, batch)
+    _check_tensor("position", position, device)
+    if position.dtype != torch.int64 or position.ndim != 0:
+        raise TypeError(f"position must be a 0-d torch.int64 tensor, got {position.dtype} "
+                        f"tensor of shape {tuple(position.shape)}")
+    if _may_read_values(device) and not 0 <= int(position) < max_len:
+        raise ValueError(f"position must lie in [0, {max_len}) (the cache's max_len), got {int(position)}")
+
+
+def _check_next_ids(model: nn.Module, tgt: Tensor, batch: int) -> None:
+    """(B, 1) ids of the next position, for a cache of ``batch`` rows."""
+    config = model.config
+    _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, model_device(model))
+    if tgt.shape != (batch, 1):
+        raise ValueError(
+            f"tgt must hold one new id per cached row, shape (B={batch}, 1), got {tuple(tgt.shape)}"
+        )
 
 
 def check_forward(
@@ -222,12 +242,8 @@ def _check_ids(
     length = ids.shape[1]
     if length > max_len:
         raise ValueError(f"{name} length {length} exceeds max_seq_len {max_len}")
-    if ids.device.type == "meta":
-        return  # shape-only run: there are no values to range-check
-    if torch.compiler.is_compiling():
-        return  # reading values inside torch.compile would split the graph: range unchecked there
-    if _RANGE_CHECKED_BY_CALLER.get():
-        return  # inside ids_range_checked(): the caller checked these ids once, outside the loop
+    if not _may_read_values(ids.device):
+        return
     # One host sync; on CUDA it turns a device-side assert in the embedding into this error.
     low, high = (int(v) for v in torch.aminmax(ids))
     if low < 0 or high >= vocab_size:
@@ -235,6 +251,16 @@ def _check_ids(
             f"{name} ids must lie in [0, {vocab_size}) ({vocab_field}={vocab_size}), "
             f"got min {low}, max {high}"
         )
+
+
+def _may_read_values(device: torch.device) -> bool:
+    """Whether a check may read a tensor's values (a host sync) to range-check them."""
+    if device.type == "meta":
+        return False  # shape-only run: there are no values to range-check
+    if torch.compiler.is_compiling():
+        return False  # reading values inside torch.compile would split the graph: range unchecked there
+    # inside ids_range_checked(): the caller checked these ids once, outside the loop
+    return not _RANGE_CHECKED_BY_CALLER.get()
 
 
 def _check_decoder_masks(

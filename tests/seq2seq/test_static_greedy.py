@@ -1,0 +1,228 @@
+"""The static-shape cached step (fused's ``start_static_cache``/``static_step``) and the greedy loop
+on it (``seq2seq.static_greedy``): the step's log-probs equal the growing cache's and the full
+decode's at every position; the loop's tokens equal ``greedy_decode``'s; it stops at EOS, refills
+its cache for the next batch, and refuses bad arguments by name; compiled, the step is one graph
+whose log-probs are the eager step's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from common.batches import random_batch
+from common.config import TransformerConfig
+from common.masks import decoder_mask, padding_mask
+from seq2seq import tasks
+from seq2seq.greedy import greedy_decode
+from seq2seq.static_greedy import StaticGreedy, static_greedy_decode
+from tests.helpers import FLOAT64_TOL, small_config
+from tests.seq2seq.test_greedy import ScriptedModel
+from variants import build
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def fused(config: TransformerConfig, dtype: torch.dtype = torch.float64) -> nn.Module:
+    return build("fused", config, seed=0).to(dtype).eval()
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post", "pre"])
+@pytest.mark.parametrize("masked", [True, False], ids=["padded-source", "no-mask"])
+def test_the_static_step_equals_the_cached_step_and_the_full_decode_at_every_position(norm_first, masked):
+    """float64, padded sources and targets that hold padding after their end (S = 6, T = 9), a
+    cache of 12 positions: the slots not yet written must not count."""
+    config = small_config(dropout=0.0, norm_first=norm_first)
+    model = fused(config)
+    src, tgt, src_mask, _ = random_batch(config, 3, 6, 9).inputs()
+    src_mask = src_mask if masked else None
+    assert (src == PAD).any() and (tgt == PAD).any(), "the batch should hold padding"
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        growing = model.start_cache(memory, src_mask)
+        static = model.start_static_cache(memory, src_mask, 12)
+        full = model.project(model.decode(tgt, memory, src_mask, decoder_mask(tgt, PAD)))  # (B, T, V)
+        for t in range(tgt.shape[1]):
+            step = model.project(model.static_step(tgt[:, t : t + 1], torch.tensor(t), static))
+            cached = model.project(model.decode_step(tgt[:, t : t + 1], growing))
+            torch.testing.assert_close(step, cached, **FLOAT64_TOL)
+            torch.testing.assert_close(step[:, 0], full[:, t], **FLOAT64_TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_static_greedy_gives_greedy_decodes_tokens(copy_model, dtype):
+    """The trained copy model's decodings end with EOS at many lengths; expected: the cached
+    ``greedy_decode``."""
+    model = copy_model.build("fused", dtype)
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    expected = greedy_decode(model, copy_model.src, copy_model.src_mask, **arguments)
+    lengths = (expected != copy_model.config.pad_id).sum(dim=1)
+    assert (expected == tasks.EOS_ID).any(dim=1).any() and len(lengths.unique()) > 3
+    tokens = static_greedy_decode(model, copy_model.src, copy_model.src_mask, **arguments)
+    assert torch.equal(tokens, expected)
+
+
+def test_a_decoder_refills_its_cache_for_the_next_batch(copy_model):
+    """Two batches of one shape through one ``StaticGreedy``: each gets its own tokens, from the
+    same cache (what a captured step needs), and a batch of another shape gets a new one."""
+    model = copy_model.build("fused")
+    decode = StaticGreedy(model, max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    first, second = copy_model.src[:32], copy_model.src[32:]
+    for src in (first, second, first[:5]):
+        expected = greedy_decode(model, src, padding_mask(src, PAD), max_len=10,
+                                 bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+        cache = decode.next_token_logp.cache
+        assert torch.equal(decode(src, padding_mask(src, PAD)), expected)
+        assert (decode.next_token_logp.cache is cache) == (src is second)
+
+
+class ScriptedStatic(ScriptedModel):
+    """greedy's scripted stand-in with a static step: at position t, row b predicts
+    ``script[b, t]``. Records the ids and positions each step receives."""
+
+    def __init__(self, script: torch.Tensor) -> None:
+        super().__init__(script)
+        self.steps: list[tuple[list[int], int]] = []
+
+    def start_static_cache(self, memory, src_mask, max_len, out=None):
+        return object()
+
+    def static_step(self, tgt, position, cache):
+        self.steps.append((tgt[:, 0].tolist(), int(position)))
+        return F.one_hot(self.script[:, int(position)], self.config.tgt_vocab_size).double()[:, None]
+
+
+def test_rows_stop_at_eos_and_then_hold_padding():
+    script = torch.tensor([[4, 4, EOS, 6, 6],
+                           [EOS, 5, 5, 5, 5],
+                           [7, EOS, 3, 3, 3],
+                           [3, 4, 5, EOS, 7]])
+    model = ScriptedStatic(script)
+    tokens = static_greedy_decode(model, torch.ones(4, 3, dtype=torch.long), max_len=8, bos_id=BOS,
+                                  eos_id=EOS)
+    expected = torch.tensor([[BOS, 4, 4, EOS, PAD],
+                             [BOS, EOS, PAD, PAD, PAD],
+                             [BOS, 7, EOS, PAD, PAD],
+                             [BOS, 3, 4, 5, EOS]])
+    assert torch.equal(tokens, expected)  # stops once the last row has ended: L = 5 < max_len
+    # each step reads the previous column (padding after EOS included) at its own position
+    assert model.steps == [(expected[:, t].tolist(), t) for t in range(4)]
+    assert model.encode_calls == 1 and model.decode_calls == []  # never a whole prefix
+
+
+def test_max_len_cuts_rows_that_never_end():
+    model = ScriptedStatic(torch.tensor([[3, 4, 5, 6, 7, 3], [4, EOS, 5, 5, 5, 5]]))
+    src = torch.ones(2, 3, dtype=torch.long)
+    tokens = static_greedy_decode(model, src, max_len=4, bos_id=BOS, eos_id=EOS)
+    assert torch.equal(tokens, torch.tensor([[BOS, 3, 4, 5], [BOS, 4, EOS, PAD]]))
+    assert torch.equal(static_greedy_decode(model, src, max_len=1, bos_id=BOS, eos_id=EOS),
+                       torch.tensor([[BOS], [BOS]]))
+
+
+CONFIG = small_config(dropout=0.0)  # max_seq_len 40, tgt_vocab_size 19, batch 2 below
+
+
+def started(model: nn.Module, max_len: int = 8):
+    src, tgt, src_mask, _ = random_batch(CONFIG, 2, 5, 3).inputs()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+    return memory, src_mask, tgt, model.start_static_cache(memory, src_mask, max_len)
+
+
+def test_start_refuses_bad_arguments_by_name():
+    model = fused(CONFIG)
+    memory, src_mask, _, cache = started(model)
+    with pytest.raises(ValueError, match=r"max_len must lie in \[1, max_seq_len=40\], got 41"):
+        model.start_static_cache(memory, src_mask, 41)
+    with pytest.raises(TypeError, match=r"max_len must be an int, got float 8\.0"):
+        model.start_static_cache(memory, src_mask, 8.0)
+    with pytest.raises(TypeError, match=r"memory has dtype torch\.float32"):
+        model.start_static_cache(memory.float(), src_mask, 8)
+    with pytest.raises(ValueError, match=r"out holds B=2, max_len=8 .* not 2, 9"):
+        model.start_static_cache(memory, src_mask, 9, out=cache)
+    with pytest.raises(TypeError, match="out must be a StaticCache"):
+        model.start_static_cache(memory, src_mask, 8, out=model.start_cache(memory, src_mask))
+    with pytest.raises(ValueError, match="out was started by another model"):
+        fused(CONFIG).start_static_cache(memory, src_mask, 8, out=cache)
+
+
+def test_a_step_refuses_bad_arguments_by_name():
+    model = fused(CONFIG)
+    memory, src_mask, tgt, cache = started(model)
+    ids, position = tgt[:, :1], torch.tensor(0)
+    bad = [
+        (dict(position=torch.tensor(0.0)), TypeError, "position must be a 0-d torch.int64 tensor"),
+        (dict(position=torch.tensor([0])), TypeError, r"position must be a 0-d .* shape \(1,\)"),
+        (dict(position=torch.tensor(8)), ValueError, r"position must lie in \[0, 8\) .* got 8"),
+        (dict(tgt=tgt[:, :2]), ValueError, r"tgt must hold one new id per cached row, shape \(B=2, 1\)"),
+        (dict(tgt=ids.float()), TypeError, "tgt must be an integer tensor"),
+        (dict(tgt=ids + CONFIG.tgt_vocab_size), ValueError, r"tgt ids must lie in \[0, 19\)"),
+        (dict(cache=model.start_cache(memory, src_mask)), TypeError, "cache must be a StaticCache"),
+        (dict(cache=fused(CONFIG).start_static_cache(memory, src_mask, 8)), ValueError,
+         "cache was started by another model"),
+    ]
+    for changes, error, match in bad:
+        arguments = dict(tgt=ids, position=position, cache=cache) | changes
+        with pytest.raises(error, match=match):
+            model.static_step(**arguments)
+    model.float()
+    float64_cache = r"cache has dtype torch\.float64 but the model's parameters are torch\.float32"
+    with pytest.raises(TypeError, match=float64_cache):
+        model.static_step(ids, position, cache)
+
+
+def test_the_loop_refuses_bad_arguments_by_name():
+    with pytest.raises(TypeError, match=r"variants.explicit.model has no static step"):
+        StaticGreedy(build("explicit", CONFIG), max_len=8, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match=r"max_len must lie in \[1, max_seq_len=40\]"):
+        StaticGreedy(fused(CONFIG), max_len=41, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(TypeError, match=r"compile_mode must be a torch\.compile mode or None"):
+        StaticGreedy(fused(CONFIG), max_len=8, bos_id=BOS, eos_id=EOS, compile_mode=True)
+    decode = StaticGreedy(fused(CONFIG), max_len=8, bos_id=BOS, eos_id=EOS)
+    with pytest.raises(ValueError, match="src_mask must mask source keys only"):
+        decode(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 1, 5, 5, dtype=torch.bool))
+
+
+@pytest.mark.slow
+def test_the_compiled_static_step_is_one_graph_with_the_eager_steps_log_probs():
+    """torch.compile (inductor, default mode on CPU), float64: every position's log-probs equal
+    the eager step's within 1e-10, from one graph compiled once (no shape changed) that reads
+    no value on the host (no ``.item()``, which a CUDA graph could not hold)."""
+    from torch._dynamo.backends.registry import lookup_backend
+
+    graphs = []
+
+    def recording_inductor(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return lookup_backend("inductor")(graph_module, example_inputs)
+
+    model = fused(CONFIG)
+    src, tgt, src_mask, _ = random_batch(CONFIG, 3, 6, 9).inputs()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        eager_cache, compiled_cache = (model.start_static_cache(memory, src_mask, 9) for _ in range(2))
+        step = torch.compile(lambda *arguments: model.project(model.static_step(*arguments)),
+                             backend=recording_inductor, fullgraph=True)
+        for t in range(tgt.shape[1]):
+            position = torch.tensor(t)
+            expected = model.project(model.static_step(tgt[:, t : t + 1], position, eager_cache))
+            torch.testing.assert_close(step(tgt[:, t : t + 1], position, compiled_cache), expected,
+                                       **FLOAT64_TOL)
+    assert len(graphs) == 1
+    host_reads = [node for node in graphs[0].graph.nodes if node.target in ("item", "tolist")
+                  or "_local_scalar_dense" in str(node.target)]
+    assert not host_reads, f"the step reads values on the host: {host_reads}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", [None, "default", "reduce-overhead"])
+def test_on_cuda_static_greedy_gives_greedy_decodes_tokens(copy_model, mode):
+    model = copy_model.build("fused").cuda()
+    src, src_mask = copy_model.src.cuda(), copy_model.src_mask.cuda()
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    expected = greedy_decode(model, src, src_mask, **arguments)
+    decode = StaticGreedy(model, compile_mode=mode, **arguments)
+    for _ in range(3):  # reduce-overhead records its graph on a later call than the first
+        assert torch.equal(decode(src, src_mask), expected)
