@@ -1,0 +1,107 @@
+"""Static-shape greedy decoding, eager and compiled, against the growing cache's greedy:
+
+    python -m scripts.static_decode --device cuda --modes eager reduce-overhead
+
+times ``seq2seq.static_greedy.StaticGreedy`` on fused (the one row with a static step) in each
+``--modes`` entry ("eager", or a torch.compile mode: "default", "reduce-overhead", which on CUDA
+captures the step as a CUDA graph) and ``greedy_decode`` with the growing cache as the baseline,
+on one batch of random seeded weights. Each mode first decodes twice untimed (compiling, then
+recording its graph), then is timed by ``torch.utils.benchmark`` (which synchronises CUDA).
+"same tokens" compares each row's ids with the baseline's. Speed is reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+from tabulate import tabulate
+from torch.utils.benchmark import Timer
+
+from benchmarks.workload import BOS_ID, DTYPES, PRESETS, eos_id
+from common.batches import random_batch
+from common.cli import Parser, device_or_exit, positive
+from common.config import TransformerConfig
+from seq2seq.greedy import greedy_decode
+from seq2seq.static_greedy import StaticGreedy
+from variants import build
+
+EAGER = "eager"
+MODES = (EAGER, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")  # torch.compile's
+
+
+@dataclass(frozen=True)
+class StaticDecodeSettings:
+    """One timing run of static greedy decoding."""
+
+    device: torch.device  # where the model and batch live
+    dtype: torch.dtype  # the model's dtype
+    preset: str  # benchmarks.workload.PRESETS
+    batch: int  # sources decoded at once
+    src_len: int  # source ids per row
+    max_len: int  # ids per row, BOS included
+    modes: tuple[str, ...]  # "eager" or a torch.compile mode, each a row
+    min_run_time: float  # seconds of timed decodes per row
+
+
+def time_decoders(settings: StaticDecodeSettings) -> list[list[object]]:
+    """A row per decoder: name, ms per decode, ms per step, tok/s, warm-up s, same tokens."""
+    config = TransformerConfig(**PRESETS[settings.preset].fields)
+    model = build("fused", config, seed=0).to(settings.device, settings.dtype).eval()
+    batch = random_batch(config, settings.batch, settings.src_len, 1)
+    src, src_mask = batch.src.to(settings.device), batch.src_mask.to(settings.device)
+    ids = dict(max_len=settings.max_len, bos_id=BOS_ID, eos_id=eos_id(config))
+    decoders = {"greedy_decode (growing cache)": lambda: greedy_decode(model, src, src_mask, **ids)}
+    for mode in settings.modes:
+        static = StaticGreedy(model, compile_mode=None if mode == EAGER else mode, **ids)
+        decoders[f"static, {mode}"] = lambda static=static: static(src, src_mask)
+    expected, rows = None, []
+    for name, decode in decoders.items():
+        started = time.perf_counter()
+        for _ in range(2):  # compile, then record the CUDA graph (reduce-overhead's second call)
+            tokens = decode()
+        warm_up_s = time.perf_counter() - started
+        expected = tokens if expected is None else expected
+        seconds = Timer("decode()", globals={"decode": decode}).blocked_autorange(
+            min_run_time=settings.min_run_time).median
+        steps = tokens.shape[1] - 1
+        rows.append([name, f"{1e3 * seconds:.1f}", f"{1e3 * seconds / steps:.2f}",
+                     f"{settings.batch * steps / seconds:,.0f}", f"{warm_up_s:.1f}",
+                     "yes" if torch.equal(tokens, expected) else "no"])
+    return rows
+
+
+def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
+    """The command line as settings; a bad option exits with a one-line usage error."""
+    parser = Parser(prog="python -m scripts.static_decode", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--preset", choices=list(PRESETS), default="base")
+    parser.add_argument("--batch", type=positive(int), default=8)
+    parser.add_argument("--src-len", type=positive(int), default=64)
+    parser.add_argument("--max-len", type=positive(int), default=65, help="ids per row, BOS included")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=[EAGER, "reduce-overhead"],
+                        help="eager, or torch.compile's mode; a row each")
+    parser.add_argument("--min-run-time", type=positive(float), default=1.0)
+    args = parser.parse_args(argv)
+    config = TransformerConfig(**PRESETS[args.preset].fields)
+    if not 2 <= args.max_len <= config.max_seq_len:
+        parser.error(f"--max-len must lie in [2, max_seq_len={config.max_seq_len}]")
+    return StaticDecodeSettings(device_or_exit(parser, args.device), DTYPES[args.dtype], args.preset,
+                                args.batch, args.src_len, args.max_len, tuple(args.modes), args.min_run_time)
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse(argv)
+    rows = time_decoders(settings)
+    print(f"fused, preset {settings.preset}, {settings.dtype}, {settings.device}, batch {settings.batch} x "
+          f"src {settings.src_len}, up to {settings.max_len} ids (torch {torch.__version__})")
+    print(tabulate(rows, ["decoder", "ms per decode", "ms per step", "tok/s", "warm-up s", "same tokens"],
+                   tablefmt="github", disable_numparse=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

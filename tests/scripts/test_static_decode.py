@@ -1,0 +1,41 @@
+"""scripts.static_decode: a row per decoder with the same tokens as the growing cache's greedy,
+and the GPU script's command accepted as written."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+
+from scripts.static_decode import main, parse
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_row_per_decoder_each_with_the_baselines_tokens(capsys):
+    assert main(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--src-len", "4", "--max-len", "4",
+                 "--modes", "eager", "--min-run-time", "0.01"]) == 0
+    rows = re.findall(r"^\| (.+?) +\|.*\| (yes|no) +\|$", capsys.readouterr().out, flags=re.M)
+    assert rows == [("greedy_decode (growing cache)", "yes"), ("static, eager", "yes")]
+
+
+def test_the_gpu_scripts_command_is_accepted(monkeypatch):
+    """scripts/gpu_check.sh runs only on a lent GPU: a rejected option there costs the lease."""
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    (line,) = [line for line in script.splitlines() if "-m scripts.static_decode" in line]
+    words = shlex.split(line)
+    options = [word for word in words[words.index("scripts.static_decode") + 1:]
+               if not word.startswith(">") and not word.endswith("2>&1")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    settings = parse(options)
+    assert (settings.device.type, settings.modes) == ("cuda", ("eager", "reduce-overhead"))
+
+
+def test_a_length_past_max_seq_len_is_refused(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse(["--device", "cpu", "--preset", "tiny", "--max-len", "129"])
+    assert stop.value.code == 2
+    assert "--max-len must lie in [2, max_seq_len=128]" in capsys.readouterr().err
