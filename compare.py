@@ -23,6 +23,7 @@ import dataclasses
 import os
 import sys
 
+from benchmarks.engines import ENGINES, missing_extra, row_argument
 from benchmarks.machine import WAIT_POLICIES, settle_threads, wait_policy_environment
 
 # before torch loads its OpenMP runtime, which reads the wait policy once, when it loads
@@ -37,7 +38,7 @@ from benchmarks.run import run
 from benchmarks.settings import Settings
 from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
 from common.cli import Parser, config_or_exit, device_or_exit, positive
-from variants import VARIANTS, ordered, variant_argument
+from variants import REFERENCE, VARIANTS, ordered
 
 
 def command_line() -> Parser:
@@ -67,8 +68,9 @@ def command_line() -> Parser:
     parser.add_argument("--freeze", action="store_true",
                         help="with --compile: inductor freezing for the eval forward (weights folded "
                              "in as constants; the CPU inference setting)")
-    parser.add_argument("--variants", type=variant_argument, nargs="+", default=list(VARIANTS),
-                        metavar="VARIANT", help=f"{', '.join(VARIANTS)} or pkg.module:Class (default all)")
+    parser.add_argument("--variants", type=row_argument, nargs="+", default=list(VARIANTS),
+                        metavar="ROW", help=f"{', '.join(VARIANTS)}, pkg.module:Class, or a deployment "
+                        f"engine timed decoding only: {', '.join(ENGINES)} (default: the variants)")
     parser.add_argument("--threads", type=positive(int),
                         help=f"CPU threads (default {torch.get_num_threads()}, fewer when other "
                              "processes hold cores; given, it is kept, with a warning if they do)")
@@ -118,6 +120,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         parser.error(str(error))
     if args.device == "cuda":
         device_or_exit(parser, args.device)
+    engines = tuple(name for name in dict.fromkeys(args.variants) if name in ENGINES)
+    if engines and args.decode_len == 1:
+        parser.error(f"the {', '.join(engines)} rows time decoding only: give --decode-len above 1")
+    if problem := engines and missing_extra(engines):
+        parser.error(problem)
     if args.freeze and not args.compile:
         parser.error("--freeze is an option of --compile; give both")
     if args.omp_wait_policy and os.environ.get("OMP_WAIT_POLICY", "").lower() != args.omp_wait_policy:
@@ -132,7 +139,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     return Settings(
         config=config, shapes=shapes, preset=args.preset,
         devices=tuple(d for d in devices if d != "cuda" or torch.cuda.is_available()),
-        dtypes=tuple(args.dtype), variants=ordered(args.variants),
+        dtypes=tuple(args.dtype), engines=engines,
+        # the engines' decode columns are read against torch's: its row is timed with them
+        variants=ordered([name for name in args.variants if name not in ENGINES]
+                         + ([REFERENCE] if engines else [])),
         autocast=args.autocast, compile=args.compile, freeze=args.freeze,
         threads=args.threads or torch.get_num_threads(),  # main() settles it on the cores found free
         rounds=args.rounds, min_run_time=args.min_run_time, decode_len=args.decode_len,

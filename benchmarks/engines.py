@@ -16,6 +16,7 @@ CTranslate2's ``compute_type="int8"``.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from benchmarks.steps import beam_step, decode_step
 from benchmarks.workload import BOS_ID, eos_id
 from common.batches import Batch
 from seq2seq.beam import ALPHA, BEAM_SIZE
+from variants import variant_argument
 
 if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for
     from seq2seq.engines.ctranslate import CTranslate2Model
@@ -34,6 +36,23 @@ if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked f
 ENGINES = ("onnxruntime", "ctranslate2")
 PRECISIONS = ("float32", "int8")
 ENGINE_MODES = ("decode", "beam")  # the decode modes an engine row has (no full-recompute decode)
+# the module each engine needs: the deploy extra, pip install -e ".[deploy]"
+ENGINE_MODULES = {"onnxruntime": ("onnx", "onnxscript", "onnxruntime"), "ctranslate2": ("ctranslate2",)}
+
+
+def row_argument(text: str) -> str:
+    """An argparse ``type`` for compare.py's rows: a deployment engine or a variant name or spec."""
+    return text if text in ENGINES else variant_argument(text)
+
+
+def missing_extra(engines: tuple[str, ...]) -> str | None:
+    """Why the ``engines`` rows cannot run here (a module of the deploy extra missing), or None."""
+    missing = [module for engine in engines for module in ENGINE_MODULES[engine]
+               if importlib.util.find_spec(module) is None]
+    if not missing:
+        return None
+    return (f"the {', '.join(engines)} rows need {', '.join(missing)}: "
+            'pip install -e ".[deploy]"')
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,10 @@ class Cell:
 
 @dataclass
 class Row:
-    """One variant in one block: its model, its steps and what they measured."""
+    """One variant (or deployment engine) in one block: its model, its steps and what they measured."""
 
-    variant: str
-    model: nn.Module
+    variant: str  # the variant, or an engine row's label ("ctranslate2 int8")
+    model: nn.Module | None  # None for an engine row (benchmarks.engines): decode cells only
     cells: dict[str, Cell] = field(default_factory=dict)  # mode -> what it measured
     steps: dict[str, Callable[[], object]] = field(default_factory=dict)  # mode -> the timed call
     compile_s: float | None = None  # warm-up time of the compiled steps

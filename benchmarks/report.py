@@ -68,8 +68,9 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, re
     reference; then the correctness check, compile time and whether the torch fast path ran."""
     flops = {"forward": forward_flops(settings.config, *shape),
              "train": train_flops(settings.config, *shape)}
-    result: dict = {"variant": row.variant, "params": sum(p.numel() for p in row.model.parameters())}
-    for mode in (m for m in settings.modes if not m.endswith("_eager")):
+    params = sum(p.numel() for p in row.model.parameters()) if row.model is not None else None
+    result: dict = {"variant": row.variant, "params": params}
+    for mode in (m for m in settings.modes if not m.endswith("_eager") and m in row.cells):
         cell = row.cells[mode]
         result[f"{mode}_error"] = cell.error
         result[f"{mode}_rounds_spread"] = rounds_spread(cell.rounds)
@@ -85,7 +86,7 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, re
                                                  cell.seconds)
             result["train_page_faults_per_step"] = ratio(cell.page_faults, cell.calls)
     for mode in ("forward", "train"):  # with compile: eager time / compiled time
-        speedup = ratio(seconds_of(row, f"{mode}_eager"), row.cells[mode].seconds)
+        speedup = ratio(seconds_of(row, f"{mode}_eager"), seconds_of(row, mode))
         if speedup is not None:
             result[f"{mode}_compile_speedup"] = speedup
     if "decode" in settings.modes:

@@ -6,13 +6,15 @@
 Each block (a device, a dtype, a shape) builds a row per variant with the reference's weights,
 checks their log-probs against the reference, warms every step up, times the steps in
 interleaved rounds beside the matmul peak, then measures each step's peak memory and the bytes
-of each key/value cache.
+of each key/value cache. Deployment engines (``settings.engines``) join a CPU float32 block as
+decode-only rows holding the reference's weights, timed in the same rounds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from time import perf_counter
@@ -21,6 +23,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from benchmarks.engines import EngineSettings, engine_rows
 from benchmarks.failures import recover, release
 from benchmarks.machine import during, read_sample
 from benchmarks.measured import Cell, Row
@@ -70,7 +73,8 @@ class Block:
 def run(settings: Settings) -> dict:
     """Measure every (device, dtype, shape) block of ``settings``; return the report."""
     plan = list(itertools.product(settings.devices, settings.dtypes, settings.shapes))
-    phases_per_block = 2 + len(settings.variants) + settings.rounds * len(settings.modes)
+    phases_per_block = (2 + len(settings.variants) + len(settings.engines)
+                        + settings.rounds * len(settings.modes))
     with configured_process(settings) as allocator, \
             tqdm(total=len(plan) * phases_per_block, disable=not settings.show_progress,
                  unit="phase", dynamic_ncols=True) as bar:
@@ -94,11 +98,14 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
                         + ("compiling and warming up" if settings.compile else "warming up")):
             prepare(row, settings, block, reference_logp)
     del reference_logp
-    peak = time_rounds(timed, settings, block, bar)
+    reference = next(row for row in rows if row.variant == REFERENCE)
+    with tempfile.TemporaryDirectory(prefix="compare-engines-") as exported:
+        engines = build_engine_rows(settings, block, reference, exported, bar)
+        peak = time_rounds(timed + engines, settings, block, bar)
     with phase(bar, f"{block.where}: peak memory"):
         measure_memory(timed, block)
-    reference = next(row for row in rows if row.variant == REFERENCE)
-    results = [row_result(row, settings, shape, peak.flops_per_second, reference) for row in timed]
+    results = [row_result(row, settings, shape, peak.flops_per_second, reference)
+               for row in timed + engines]
     for row in rows:  # free this block's models before the next block
         row.model.to("cpu")
     release(None, device)
@@ -146,6 +153,25 @@ def build_rows(settings: Settings, block: Block) -> list[Row]:
     return rows
 
 
+def build_engine_rows(settings: Settings, block: Block, reference: Row, directory: str,
+                      bar: tqdm) -> list[Row]:
+    """The deployment engines' rows, warmed up: each exports the reference's weights under
+    ``directory`` (before any timing) and times only decoding. CPU float32 blocks only: the
+    engines run on the CPU here, and their own reduced precision is their int8 row."""
+    if not settings.engines or block.device != "cpu" or block.dtype_name != "float32" or settings.autocast:
+        return []
+    with phase(bar, f"{block.where}: exporting to {', '.join(settings.engines)}"):
+        exported = engine_rows(reference.model, block.batch, settings.decode_len, directory,
+                               EngineSettings(engines=settings.engines, threads=settings.threads))
+    rows = []
+    for engine in exported:
+        modes = tuple(mode for mode in settings.modes if mode in engine.steps)
+        row = Row(engine.label, None, cells={mode: Cell() for mode in modes}, steps=dict(engine.steps))
+        count_decoded_ids(row, warm_up(row, modes, block.device))
+        rows.append(row)
+    return rows
+
+
 def check_log_probs(rows: list[Row], block: Block) -> Tensor | None:
     """Correctness next to speed: each row's eval log-probs against the reference's, which are
     returned (to check compiled forwards too), or None if the reference failed."""
@@ -186,7 +212,8 @@ def warm_up(row: Row, modes: tuple[str, ...], device: str) -> dict[str, FirstCal
     compiling happens); return the first calls by mode. A step that fails marks its cell."""
     first_calls = {}
     for mode in modes:
-        row.model.train(is_training(mode))
+        if row.model is not None:
+            row.model.train(is_training(mode))
         started = perf_counter()
         try:
             result = row.steps[mode]()
@@ -251,11 +278,13 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -
 
 
 def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:
-    """One more timing of ``row``'s ``mode``, unless it has already failed."""
-    cell = row.cells[mode]
-    if cell.error:
+    """One more timing of ``row``'s ``mode``, unless it has already failed or the row has no
+    such step (an engine row's forward)."""
+    cell = row.cells.get(mode)
+    if cell is None or cell.error:
         return
-    row.model.train(is_training(mode))
+    if row.model is not None:
+        row.model.train(is_training(mode))
     try:
         time_step(cell, row.steps[mode], threads=settings.threads, min_run_time=settings.min_run_time,
                   label=block.where, sub_label=mode, description=row.variant)

@@ -22,6 +22,8 @@ class Settings:
     devices: tuple[str, ...] = ("cpu",)  # "cpu" and/or "cuda"
     dtypes: tuple[str, ...] = ("float32",)  # names in workload.DTYPES; the model is cast to each
     variants: tuple[str, ...] = VARIANTS  # the timed rows; the reference is built regardless
+    engines: tuple[str, ...] = ()  # deployment engines timed as decode rows beside them
+    # (benchmarks.engines.ENGINES; CPU float32 blocks only, float32 and int8 rows each)
     autocast: bool = False  # keep float32 weights and run under torch.autocast(dtype) instead
     compile: bool = False  # torch.compile each model and time its eager steps alongside
     freeze: bool = False  # with compile: inductor freezing for the eval forward

@@ -33,7 +33,10 @@ Shape legend:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 try:
@@ -159,7 +162,9 @@ def export_onnx(model: nn.Module, directory: str | Path, *, exporter: str = "dyn
     }
     for name, (module, args, shapes, inputs, outputs) in graphs.items():
         path = directory / f"{name}.onnx"
-        with warnings.catch_warnings():  # notes on merged axis names, and the legacy exporter's deprecation
+        # notes on merged axis names, the legacy exporter's deprecation, the exporter's log lines
+        # about torchvision's operators (not installed, not used)
+        with warnings.catch_warnings(), quiet_logger("torch.onnx"):
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
                 program = torch.onnx.export(
@@ -195,14 +200,27 @@ def named_axes(shapes: tuple, inputs: list[str]) -> dict[str, dict[int, str]]:
     }
 
 
+@contextlib.contextmanager
+def quiet_logger(name: str | None) -> Iterator[None]:
+    """Only errors from logger ``name`` (None: the root logger) while the block runs."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def quantize_int8(directory: str | Path) -> None:
     """Beside each graph, ``<graph>.int8.onnx``: ONNX Runtime's dynamic quantization (int8 weights
     of every MatMul, activations quantized per call)."""
     directory = Path(directory)
-    for name in GRAPHS:
-        quantize_dynamic(
-            directory / f"{name}.onnx", directory / f"{name}.int8.onnx", weight_type=QuantType.QInt8
-        )
+    with quiet_logger(None):  # its advice to pre-process, logged on the root logger
+        for name in GRAPHS:
+            quantize_dynamic(
+                directory / f"{name}.onnx", directory / f"{name}.int8.onnx", weight_type=QuantType.QInt8
+            )
 
 
 class OnnxCache:
