@@ -70,13 +70,17 @@ PRESET_OPTIONS = {
 
 
 @contextlib.contextmanager
-def progress_bar(steps: int, done: int = 0) -> Iterator[Callable[[StepReport], None]]:
+def progress_bar(steps: int, done: int = 0,
+                 minutes: float | None = None) -> Iterator[Callable[[StepReport], None]]:
     """A tqdm bar on stderr for ``Trainer.run``'s ``on_step``: step, loss, learning rate and tokens/s.
 
-    ``done``: steps a resumed run has already taken (the bar starts there).
+    ``done``: steps a resumed run has already taken (the bar starts there). ``minutes``: a time
+    budget, which then ends the run long before ``steps``: the line counts steps against it.
     """
     tokens = 0
     bar_format = "[{bar:30}] step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+    if minutes is not None:
+        bar_format = f"step {{n_fmt}} [{{elapsed}} of {minutes:g} min{{postfix}}]"
     with tqdm(total=steps, initial=done, file=sys.stderr, bar_format=bar_format, ascii=".#") as bar:
 
         def show(report: StepReport) -> None:
@@ -311,7 +315,8 @@ def _train(args: argparse.Namespace, trainer: Trainer,
     if not trainer.world.is_main:
         losses = run(save_when_due)
     else:
-        with progress_bar(args.steps, done=trainer.step) as show_step:
+        minutes = args.translation.minutes if args.task == "translate" else None
+        with progress_bar(args.steps, done=trainer.step, minutes=minutes) as show_step:
 
             def on_step(report: StepReport) -> None:
                 show_step(report)

@@ -17,6 +17,7 @@ from common.weights import export_weights
 from seq2seq import average, train, translate
 from seq2seq.checkpoint import ModelFile, list_checkpoints, load, save
 from seq2seq.corpus import CorpusSettings, load_corpus
+from seq2seq.recipe import StepReport
 from seq2seq.subwords import Vocabulary
 from variants import build
 
@@ -154,3 +155,17 @@ def test_translate_scores_a_model_on_its_test_split(trained_run, tmp_path, capsy
     missing = str(tmp_path / "x.zip")
     err = one_line_error(capsys, lambda: translate.main([model, "--score", "--data", missing]), code=1)
     assert "x.zip: no such file" in err
+
+
+def test_a_run_with_a_time_budget_counts_its_steps_against_the_minutes(capsys):
+    """A translation preset's step count only bounds the run (its minutes end it): the bar must
+    not promise 100,000 steps and a day of remaining time."""
+    report = StepReport(step=1, steps=100_000, loss=1.0, lr=1e-3, tokens=10, seconds=1.0)
+    with train.progress_bar(100_000, minutes=30) as show:
+        show(report)
+    budget = capsys.readouterr().err
+    with train.progress_bar(100_000) as show:
+        show(report)
+    steps = capsys.readouterr().err
+    assert "of 30 min" in budget and "100000" not in budget
+    assert "1/100000" in steps
