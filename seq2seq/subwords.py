@@ -91,6 +91,11 @@ class Vocabulary:
         special = (PAD_ID, BOS_ID, EOS_ID)
         return self._processor.decode([[int(i) for i in row if i not in special] for row in ids])
 
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """The piece each id stands for, as sentencepiece writes it (a word's first piece
+        starts with U+2581); PAD, BOS, EOS and UNK as ``<pad>``, ``<s>``, ``</s>``, ``<unk>``."""
+        return [self._processor.id_to_piece(int(i)) for i in ids]
+
     def to_tensor(self) -> Tensor:
         """The serialized model as a 1-d uint8 tensor, the form a checkpoint stores."""
         return torch.frombuffer(bytearray(self.model_proto), dtype=torch.uint8)

@@ -24,11 +24,11 @@ import torch
 
 from common.cli import Parser, device_or_exit, one_line, positive
 from seq2seq.beam import ALPHA, BEAM_SIZE
-from seq2seq.checkpoint import ModelFile, build_model, load
+from seq2seq.checkpoint import ModelFile
 from seq2seq.corpus import ATTRIBUTION, CorpusSettings, load_corpus
 from seq2seq.evaluation import score_lines
 from seq2seq.subwords import Vocabulary
-from seq2seq.translation import evaluate, translate
+from seq2seq.translation import evaluate, load_translation_model, translate
 from variants import VARIANTS
 
 PROG = "python -m seq2seq.translate"
@@ -64,13 +64,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     try:
-        record = load(args.model)
-        if record.vocabulary is None:
-            raise ValueError(f"{args.model} holds no subword vocabulary: it is not a translation model "
-                             "(python -m seq2seq.train --task translate writes them)")
-        vocabulary = Vocabulary.from_tensor(record.vocabulary)
-        normalization = record.settings.get("data", {}).get("corpus", {}).get("normalization", "NFKC")
-        model = build_model(record, args.variant).to(args.device)
+        record, vocabulary, model, normalization = load_translation_model(args.model, args.variant)
+        model = model.to(args.device)
     except (FileNotFoundError, LookupError, ValueError) as error:
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     if args.score:

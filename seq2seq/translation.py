@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 from seq2seq import distributed
 from seq2seq.beam import ALPHA, EXTRA_LENGTH, beam_search
+from seq2seq.checkpoint import ModelFile, build_model, load
 from seq2seq.corpus import Corpus, CorpusSettings, Example, normalize
 from seq2seq.evaluation import Scores, corpus_scores
 from seq2seq.greedy import greedy_decode
@@ -301,6 +303,28 @@ def _batches_by_length(encoded: EncodedPairs, batch_tokens: int) -> Iterator[tup
 
 
 # --- translating and scoring ---------------------------------------------------------------
+
+
+class TranslationModel(NamedTuple):
+    """A translation model file, read: what translating with it needs."""
+
+    record: ModelFile  # the file as read
+    vocabulary: Vocabulary  # the subword vocabulary stored in it
+    model: nn.Module  # its weights in the chosen variant
+    normalization: str  # the Unicode form its corpus was put in (NFKC for files that do not say)
+
+
+def load_translation_model(path: str | os.PathLike, variant: str | None = None) -> TranslationModel:
+    """Read a model file of a translation run and build ``variant`` (default: the one that
+    trained) around its weights; a file without a vocabulary is a ``ValueError`` saying so (and
+    ``load``'s and ``build``'s errors pass through: FileNotFoundError, ValueError, LookupError)."""
+    record = load(path)
+    if record.vocabulary is None:
+        raise ValueError(f"{path} holds no subword vocabulary: it is not a translation model "
+                         "(python -m seq2seq.train --task translate writes them)")
+    normalization = record.settings.get("data", {}).get("corpus", {}).get("normalization", "NFKC")
+    return TranslationModel(record, Vocabulary.from_tensor(record.vocabulary),
+                            build_model(record, variant), normalization)
 
 
 @torch.no_grad()
