@@ -1,0 +1,246 @@
+"""One seed, five learners (``seq2seq.learners``, ``python -m scripts.learners``) on the sample
+corpus the tests write: the records and the table against independent counts, the rows' dropout
+in lockstep (and why the torch row's masks land elsewhere), and bad options in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from common.batches import random_batch
+from common.weights import export_weights
+from scripts import learners as learners_cli
+from seq2seq.corpus import CorpusSettings
+from seq2seq.learners import (
+    LearnersSettings,
+    as_json,
+    identical_share,
+    markdown_report,
+    prepare,
+    run_learners,
+    train_learner,
+)
+from seq2seq.tasks import PAD_ID
+from seq2seq.trainer import Trainer, seed_dropout
+from seq2seq.translation import TokenBatches, TranslationSettings
+from tests.helpers import small_config
+from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
+
+WIDE_SPLIT = dict(valid_fraction=0.2, test_fraction=0.2)
+# a tiny model; translations of at most 23 pieces (an untrained model's run to the limit); a peak
+# rate (0.3 * 16^-0.5 * 50^-0.5 = 0.011) at which float64 rows stay within 1e-9 of each other
+# for 300 steps (at factor 1.0, warm-up 20, they part after about 50 steps: the training itself
+# magnifies the last bit's differences, whatever the rows)
+TINY = TranslationSettings(vocabulary_size=120, d_model=16, n_heads=2, n_layers=1, d_ff=32, dropout=0.1,
+                           max_seq_len=24, batch_tokens=300, warmup=50, lr_factor=0.3, steps=4)
+aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def global_rng_restored():
+    """seed_dropout reseeds torch's global RNG; the tests after these get it back as it was."""
+    state = torch.get_rng_state()
+    yield
+    torch.set_rng_state(state)
+
+
+def settings_for(sample_corpus, **changes) -> LearnersSettings:
+    return LearnersSettings(CorpusSettings(str(sample_corpus.path), **WIDE_SPLIT),
+                            changes.pop("translation", TINY), **changes)
+
+
+# --- the records and the table --------------------------------------------------------------
+
+
+def test_records_and_table_against_independent_counts(sample_corpus):
+    settings = settings_for(sample_corpus, variants=("explicit", REFERENCE), test_sentences=3)
+    data = prepare(settings)
+    saved = []
+    result = run_learners(settings, data, on_row=lambda partial: saved.append(json.dumps(as_json(partial))))
+    assert [len(json.loads(text)["rows"]) for text in saved] == [1, 2]  # written after each row
+
+    # the same steps by hand: a Trainer on a fresh stream of the seed, dropout seeded alike
+    stream = TokenBatches(data.train, data.stream)
+    model = build("explicit", data.config, seed=0)
+    seed_dropout(0)
+    expected_losses = Trainer(model, stream, TINY.recipe()).run(TINY.steps)
+    replay = TokenBatches(data.train, data.stream)
+    targets = sum(int((next(replay)[1][:, 1:] != PAD_ID).sum()) for _ in range(TINY.steps))
+
+    explicit, reference = result.rows
+    assert explicit.losses == tuple(expected_losses)
+    for row in result.rows:
+        assert len(row.losses) == len(row.seconds) == TINY.steps == result.steps
+        assert all(a < b for a, b in zip(row.seconds, row.seconds[1:], strict=False)) and row.seconds[0] > 0
+        assert row.target_tokens == targets  # every row trained on the same batches
+        assert row.tokens_per_second == targets / row.seconds[-1]
+        for beam in (1, 4):
+            texts = row.translations[beam]
+            assert len(texts) == 3
+            same = sum(a == b for a, b in zip(texts, explicit.translations[beam], strict=True))
+            assert row.identical[beam] == same / 3
+    assert explicit.identical == {1: 1.0, 4: 1.0}
+
+    table = markdown_report(result).splitlines()
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in table if line.startswith("| ") and "variant" not in line}
+    assert cells["explicit"][0] == "4"
+    assert cells["explicit"][5] == f"{explicit.tokens_per_second:,.0f}"
+    assert cells["explicit"][6] == f"{explicit.tokens_per_second / reference.tokens_per_second:.2f}x"
+    assert cells[REFERENCE][6] == "1.00x"
+    same_beam = sum(a == b for a, b in zip(reference.translations[4], explicit.translations[4], strict=True))
+    assert cells[REFERENCE][7] == f"{same_beam / 3:.1%}"
+
+
+def test_the_first_rows_steps_are_every_rows_budget(sample_corpus):
+    """Under --minutes the first row stops on its clock; the next runs exactly as many steps."""
+    settings = settings_for(sample_corpus, variants=("explicit", "fused"),
+                            translation=TINY.replace(steps=10_000, minutes=0.0005))  # 30 ms
+    data = prepare(settings)
+    _, explicit = train_learner("explicit", data, settings)
+    assert 1 <= len(explicit.losses) < 10_000 and explicit.seconds[-1] >= 0.03
+    _, fused = train_learner("fused", data, settings, steps=len(explicit.losses))
+    assert len(fused.losses) == len(explicit.losses)
+
+
+def test_identical_share_counts_exact_matches():
+    assert identical_share(("a", "b", "c", "d"), ("a", "x", "c", "d ")) == 0.5
+    with pytest.raises(ValueError, match="as many translations"):
+        identical_share(("a",), ("a", "b"))
+
+
+# --- lockstep with dropout on -----------------------------------------------------------------
+
+
+def weights_after(sample_corpus, variant: str, steps: int, dropout: float) -> dict[str, torch.Tensor]:
+    settings = settings_for(sample_corpus, dtype="float64", translation=TINY.replace(dropout=dropout))
+    model, _ = train_learner(variant, prepare(settings), settings, steps=steps)
+    return export_weights(model)
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max(float((a[name] - b[name]).abs().max()) for name in a)
+
+
+def test_a_few_steps_with_dropout_keep_the_from_scratch_rows_with_explicit(sample_corpus):
+    explicit = weights_after(sample_corpus, "explicit", 3, dropout=0.1)
+    start = export_weights(build("explicit", prepare(settings_for(sample_corpus)).config, seed=0))
+    assert max_difference(explicit, start) > 1e-3  # the steps moved the weights
+    for variant in FROM_SCRATCH[1:]:
+        assert max_difference(weights_after(sample_corpus, variant, 3, dropout=0.1), explicit) < 1e-8, variant
+    # the torch row draws its masks onto other elements (below): another sample of the training
+    assert max_difference(weights_after(sample_corpus, REFERENCE, 3, dropout=0.1), explicit) > 1e-4
+
+
+@pytest.mark.slow
+def test_three_hundred_steps_with_dropout_keep_every_row_with_explicit(sample_corpus):
+    """Float64, dropout 0.1: every from-scratch row's weights within 1e-8 of explicit's after 300
+    steps (6e-10 measured); the torch row, whose masks land elsewhere, with dropout 0. About 25 s."""
+    explicit = weights_after(sample_corpus, "explicit", 300, dropout=0.1)
+    for variant in FROM_SCRATCH[1:]:
+        moved = weights_after(sample_corpus, variant, 300, dropout=0.1)
+        assert max_difference(moved, explicit) < 1e-8, variant
+    without = weights_after(sample_corpus, "explicit", 300, dropout=0.0)
+    assert max_difference(weights_after(sample_corpus, REFERENCE, 300, dropout=0.0), without) < 1e-8
+
+
+class RecordedMasks(TorchDispatchMode):
+    """Every dropout keep-mask drawn (``bernoulli_`` on CPU), as drawn from torch's generator."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.masks: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is aten.bernoulli_.float:
+            self.masks.append(out.clone())
+        return out
+
+
+def test_the_torch_rows_masks_are_the_same_numbers_in_another_memory_order():
+    """nn.MultiheadAttention computes in (L, B, D) and returns a transposed view, so the dropout
+    after each attention sublayer fills its mask in (L, B, D) memory order: the numbers explicit
+    puts at [b, l, d] land at [l, b, d] read as (L, B, D). Every other site matches exactly."""
+    config = small_config(dropout=0.1, n_layers=1)
+    batch = random_batch(config)
+    masks = {}
+    for variant in ("explicit", REFERENCE):
+        model = build(variant, config, seed=0).double().train()
+        torch.manual_seed(5)
+        with RecordedMasks() as recorded:
+            model(*batch.inputs())
+        masks[variant] = recorded.masks
+    moved = []
+    for site, (ours, theirs) in enumerate(zip(masks["explicit"], masks[REFERENCE], strict=True)):
+        if not torch.equal(ours, theirs):
+            batch_size, length, width = ours.shape
+            assert torch.equal(theirs, ours.reshape(length, batch_size, width).transpose(0, 1)), site
+            moved.append(site)
+    # encoder self-attention; decoder self- and cross-attention: each sublayer's output dropout
+    assert moved == [2, 7, 9]
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--variants", "torch", "explicit"], "must start with explicit"),
+    (["--variants", "explicit", "nope"], "unknown 'nope'"),
+    (["--variants", "explicit", "fused", "fused"], "names a row twice"),
+    (["--steps", "0"], "--steps: must be positive"),
+    (["--minutes", "-1"], "--minutes: must be positive"),
+    (["--dtype", "float16"], "--dtype: invalid choice"),
+    (["--d-model", "30", "--heads", "4"], "d_model (30) must be divisible"),
+    (["--test-sentences", "0"], "--test-sentences: must be positive"),
+])
+def test_bad_options_fail_in_one_line(sample_corpus, tmp_path, capsys, argv, said):
+    with pytest.raises(SystemExit) as exit_info:
+        learners_cli.parse_args(["--data", str(sample_corpus.path), "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert said in err and "error:" in err, err
+
+
+def test_a_missing_corpus_and_an_unwritable_out_fail_in_one_line(sample_corpus, tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    for argv, said in ([["--data", str(tmp_path / "nowhere.zip"), "--out", str(tmp_path)], "no such file"],
+                       [["--data", str(sample_corpus.path), "--out", str(tmp_path / "file" / "x")], "--out"]):
+        with pytest.raises(SystemExit):
+            learners_cli.parse_args(argv)
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and said in err, err
+
+
+def test_the_options_become_the_settings(sample_corpus, tmp_path):
+    _, settings = learners_cli.parse_args(["--data", str(sample_corpus.path), "--out", str(tmp_path),
+                                           "--minutes", "2", "--d-model", "64", "--variants", "explicit",
+                                           "torch", "--dtype", "float64"])
+    assert settings.translation.minutes == 2.0 and settings.translation.d_model == 64
+    assert settings.translation.n_heads == 4  # the cpu preset's
+    assert settings.variants == ("explicit", "torch") and settings.dtype == "float64"
+    _, default = learners_cli.parse_args(["--data", str(sample_corpus.path), "--out", str(tmp_path)])
+    assert default.variants == VARIANTS and default.translation.minutes == 30.0  # the preset's
+
+
+@pytest.mark.slow
+def test_the_command_writes_json_table_and_picture(sample_corpus, tmp_path):
+    """Two rows of 30 steps end to end; the picture is a real PNG with coloured lines."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    out = tmp_path / "run"
+    learners_cli.main(["--data", str(sample_corpus.path), "--out", str(out), "--steps", "30",
+                       "--variants", "explicit", "fused", "--vocab", "120", "--d-model", "16",
+                       "--heads", "2", "--layers", "1", "--d-ff", "32", "--batch-tokens", "300",
+                       "--test-sentences", "3", "--threads", "1"])
+    report = json.loads((out / "learners.json").read_text())
+    assert [row["variant"] for row in report["rows"]] == ["explicit", "fused"]
+    assert all(len(row["losses"]) == 30 and math.isfinite(row["valid_loss"]) for row in report["rows"])
+    assert "| fused" in (out / "learners.md").read_text()
+    pixels = imread(out / "learners.png")[..., :3]
+    assert ((pixels.max(-1) - pixels.min(-1)) > 0.3).mean() > 0.002  # coloured curves drawn
