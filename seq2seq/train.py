@@ -377,7 +377,8 @@ def _translate(args: argparse.Namespace, world: World, device: torch.device) -> 
             loss = validation_loss(trainer.model, valid, settings.batch_tokens)
             scores = evaluate(trainer.model, vocabulary, corpus.valid, beam_sizes=(1,),
                               normalization=normalization)[1]
-            tqdm.write(f"step {report.step}: valid loss {loss:.4f}, greedy BLEU {scores.bleu:.2f}, "
+            tqdm.write(f"step {report.step} ({report.seconds / 60:.1f} min): valid loss {loss:.4f}, "
+                       f"greedy BLEU {scores.bleu:.2f}, "
                        f"chrF {scores.chrf:.2f}", file=sys.stderr)
 
     start = time.perf_counter()

@@ -236,7 +236,7 @@ def train_translation(trainer: Trainer, settings: TranslationSettings,
     have passed (the first step ending past it is the last); returns each step's loss.
 
     The minutes count training time since this call: time spent inside ``on_step`` (validation,
-    checkpoints) is not counted. Under several processes they all stop at the same step (rank
+    checkpoints) is not counted, and the reports ``on_step`` gets count their seconds alike. Under several processes they all stop at the same step (rank
     0's clock decides).
     """
     if not isinstance(settings, TranslationSettings):
@@ -249,7 +249,7 @@ def train_translation(trainer: Trainer, settings: TranslationSettings,
         losses.append(report.loss)
         if on_step is not None:
             entered = time.perf_counter()
-            on_step(report)
+            on_step(dataclasses.replace(report, seconds=report.seconds - outside))
             outside += time.perf_counter() - entered
         if settings.minutes is not None:
             over = torch.tensor([float(report.seconds - outside >= settings.minutes * 60)])

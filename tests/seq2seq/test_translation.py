@@ -5,6 +5,7 @@ project's path, and a model file that translates on its own."""
 from __future__ import annotations
 
 import dataclasses
+import time
 import random
 import unicodedata
 import zipfile
@@ -269,6 +270,22 @@ def test_a_run_stops_at_its_steps_or_its_minutes(sample_corpus, corpus, vocabula
     assert trainer.model.config.share_embeddings
     quick = tiny_trainer(sample_corpus, corpus, vocabulary)
     assert len(train_translation(quick, TINY.replace(minutes=1e-9))) == 1 and quick.step == 1
+
+
+def test_time_spent_in_on_step_is_neither_budget_nor_reported(sample_corpus, corpus, vocabulary):
+    """A validation that takes a while (here 0.3 s after each step) counts against neither the
+    minutes nor the seconds the next reports give: they are training time."""
+    trainer = tiny_trainer(sample_corpus, corpus, vocabulary)
+    reports = []
+
+    def slow_validation(report):
+        reports.append(report)
+        time.sleep(0.3)
+
+    # 0.5 s of training would be over after the second step if the sleeps counted
+    train_translation(trainer, TINY.replace(minutes=0.5 / 60), on_step=slow_validation)
+    assert len(reports) == 4  # all TINY's steps: tiny steps take far less than 0.5 s together
+    assert reports[-1].seconds < 0.3
 
 
 def test_a_checkpointed_translation_run_resumes_exactly(sample_corpus, corpus, vocabulary):
