@@ -38,7 +38,7 @@ from benchmarks.run import run
 from benchmarks.settings import Settings
 from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
 from common.cli import Parser, config_or_exit, device_or_exit, positive
-from variants import REFERENCE, VARIANTS, ordered
+from variants import VARIANTS, ordered
 
 
 def command_line() -> Parser:
@@ -70,7 +70,8 @@ def command_line() -> Parser:
                              "in as constants; the CPU inference setting)")
     parser.add_argument("--variants", type=row_argument, nargs="+", default=list(VARIANTS),
                         metavar="ROW", help=f"{', '.join(VARIANTS)}, pkg.module:Class, or a deployment "
-                        f"engine timed decoding only: {', '.join(ENGINES)} (default: the variants)")
+                        f"engine timed decoding only: {', '.join(ENGINES)} (default: the variants; "
+                        "a ×torch needs the torch row)")
     parser.add_argument("--threads", type=positive(int),
                         help=f"CPU threads (default {torch.get_num_threads()}, fewer when other "
                              "processes hold cores; given, it is kept, with a warning if they do)")
@@ -140,9 +141,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         config=config, shapes=shapes, preset=args.preset,
         devices=tuple(d for d in devices if d != "cuda" or torch.cuda.is_available()),
         dtypes=tuple(args.dtype), engines=engines,
-        # the engines' decode columns are read against torch's: its row is timed with them
-        variants=ordered([name for name in args.variants if name not in ENGINES]
-                         + ([REFERENCE] if engines else [])),
+        variants=ordered(name for name in args.variants if name not in ENGINES),
         autocast=args.autocast, compile=args.compile, freeze=args.freeze,
         threads=args.threads or torch.get_num_threads(),  # main() settles it on the cores found free
         rounds=args.rounds, min_run_time=args.min_run_time, decode_len=args.decode_len,

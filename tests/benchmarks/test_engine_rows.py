@@ -44,10 +44,10 @@ def test_engine_rows_join_only_cpu_float32_blocks(device, dtype_name, autocast):
     assert build_engine_rows(settings, block, reference=None, directory="unused", bar=None) == []
 
 
-def test_compare_splits_engines_from_variants_and_times_torch_with_them():
+def test_compare_splits_engines_from_variants():
     settings, _ = parse_args(["--preset", "tiny", "--variants", "fused", "ctranslate2", "onnxruntime"])
     assert settings.engines == ("ctranslate2", "onnxruntime")
-    assert settings.variants == ("fused", "torch")
+    assert settings.variants == ("fused",)
     assert parse_args(["--preset", "tiny"])[0].engines == ()
     assert row_argument("onnxruntime") == "onnxruntime" and row_argument("explicit") == "explicit"
 
