@@ -16,7 +16,7 @@ from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 from seq2seq import tasks
 from seq2seq.greedy import greedy_decode
-from seq2seq.static_greedy import StaticGreedy, static_greedy_decode
+from seq2seq.static_greedy import StaticGreedy, StaticNextToken, static_greedy_decode
 from tests.helpers import FLOAT64_TOL, small_config
 from tests.seq2seq.test_greedy import ScriptedModel
 from variants import build
@@ -226,3 +226,21 @@ def test_on_cuda_static_greedy_gives_greedy_decodes_tokens(copy_model, mode):
     decode = StaticGreedy(model, compile_mode=mode, **arguments)
     for _ in range(3):  # reduce-overhead records its graph on a later call than the first
         assert torch.equal(decode(src, src_mask), expected)
+
+
+def test_a_cache_refills_in_grad_mode_too(copy_model):
+    """Outside no_grad (as a timing script calls it) the refill writes the cross-attention keys
+    and values in place: they must be the cache's own tensors, not views of the fused K/V
+    product, and the refilled cache must hold the second batch's."""
+    model = copy_model.build("fused").eval()
+    first, second = copy_model.src[:8], copy_model.src[8:16]
+    step = StaticNextToken(model, 6, None)
+    step.start(first, padding_mask(first, PAD))
+    cache = step.cache
+    step.start(second, padding_mask(second, PAD))
+    assert step.cache is cache
+    fresh = model.start_static_cache(model.encode(second, padding_mask(second, PAD)),
+                                     padding_mask(second, PAD), 6)
+    for refilled, expected in zip(cache.layers, fresh.layers, strict=True):
+        torch.testing.assert_close(refilled.cross_keys, expected.cross_keys, rtol=0, atol=0)
+        torch.testing.assert_close(refilled.cross_values, expected.cross_values, rtol=0, atol=0)

@@ -438,8 +438,8 @@ class Transformer(EncoderDecoder):
         if out is None:
             return self._new_static_cache(layers, src_mask, max_len)
         for layer, start in zip(out.layers, layers, strict=True):
-            layer.cross_keys.copy_(start.cross_keys)
-            layer.cross_values.copy_(start.cross_values)
+            layer.cross_keys.copy_(start.cross_keys.detach())
+            layer.cross_values.copy_(start.cross_values.detach())
             layer.self_keys.zero_()  # finite: a hidden slot's weight is 0, and 0 x NaN is not
             layer.self_values.zero_()
         out.position.zero_()
@@ -452,9 +452,12 @@ class Transformer(EncoderDecoder):
         batch, device = src_mask.shape[0], src_mask.device
         position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
         static_layers = [
+            # its own memory, outside any autograd graph: a refill writes these in place, which
+            # a view of the fused K/V product (split's output) would refuse in grad mode
             StaticLayerCache(layer.cross_keys.new_zeros(batch, max_len, self.config.d_model),
                              layer.cross_keys.new_zeros(batch, max_len, self.config.d_model),
-                             layer.cross_keys, layer.cross_values, position)
+                             layer.cross_keys.detach().clone(), layer.cross_values.detach().clone(),
+                             position)
             for layer in layers]
         return StaticCache(weakref.ref(self), static_layers, position,
                            torch.zeros(batch, max_len, dtype=torch.bool, device=device), src_mask.clone())
