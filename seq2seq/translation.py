@@ -236,8 +236,8 @@ def train_translation(trainer: Trainer, settings: TranslationSettings,
     have passed (the first step ending past it is the last); returns each step's loss.
 
     The minutes count training time since this call: time spent inside ``on_step`` (validation,
-    checkpoints) is not counted, and the reports ``on_step`` gets count their seconds alike. Under several processes they all stop at the same step (rank
-    0's clock decides).
+    checkpoints) is not counted, and the reports ``on_step`` gets count their seconds alike.
+    Under several processes they all stop at the same step (rank 0's clock decides).
     """
     if not isinstance(settings, TranslationSettings):
         raise TypeError(f"settings must be a TranslationSettings, got {type(settings).__name__}")

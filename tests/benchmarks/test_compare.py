@@ -94,6 +94,7 @@ def test_header_names_machine_and_settings(tiny_report):
     assert tiny_report["blocks"][0]["dtype"] == "float32"
 
 
+@pytest.mark.slow  # a compare.py run of two rows (about 5 s); the tiny report's tests cover the rest
 def test_table_format_prints_one_table_with_a_header_line(capsys):
     lines = without_warning(compare_in_process(capsys, *FAST, "--variants", "explicit", "torch",
                                                "--format", "simple")).splitlines()

@@ -16,6 +16,7 @@ from tests.benchmarks.test_compare import tiny_settings
 ctranslate2 = pytest.importorskip("ctranslate2", reason="the deploy extra (pip install -e '.[deploy]')")
 
 
+@pytest.mark.slow  # exports and times CTranslate2 (about 4 s)
 def test_engine_rows_time_decoding_beside_torch_and_nothing_else():
     """CTranslate2 exports fast (no torch.onnx), so it stands for both engines here."""
     report = run(tiny_settings(variants=("torch",), engines=("ctranslate2",), decode_len=4,

@@ -89,10 +89,8 @@ def _copy_setup(variant, d_model, d_ff, batch, seed=0):
     return model, batches
 
 
-@pytest.mark.parametrize("variant", [
-    "explicit",
-    *(pytest.param(name, marks=pytest.mark.slow) for name in VARIANTS if name != "explicit"),
-])
+@pytest.mark.slow  # 5 s a row; the lockstep tests tie every row's steps to torch's by default
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_loss_falls_by_half(variant):
     """About 1.5-4 s per variant on one core. One row runs by default: the lockstep test below ties
     every other row's steps to torch's, so the slow suite runs the rest."""

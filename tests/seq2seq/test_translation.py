@@ -5,8 +5,8 @@ project's path, and a model file that translates on its own."""
 from __future__ import annotations
 
 import dataclasses
-import time
 import random
+import time
 import unicodedata
 import zipfile
 

@@ -5,6 +5,7 @@ sample corpus, and a model file that translates in a fresh process."""
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,7 +102,9 @@ def test_a_translate_run_reports_bleu_and_writes_self_contained_checkpoints(trai
     assert lines[2].startswith("greedy   BLEU ") and lines[3].startswith("beam 4   BLEU ")
     assert lines[4].startswith("BLEU signature: nrefs:") and "tok:13a" in lines[4]
     assert lines[5].startswith("chrF signature: ")
-    assert "step 4: valid loss " in err and "greedy BLEU" in err and "step 2: valid" not in err
+    # "step 4 (0.0 min): valid loss ...": every --eval-every steps, with the training minutes
+    assert re.search(r"step 4 \(\d+\.\d min\): valid loss ", err)
+    assert "greedy BLEU" in err and "step 2 (" not in err
     paths = list_checkpoints(directory)
     assert [path.name for path in paths] == ["step-00000002.pt", "step-00000004.pt"]
     record = load(paths[-1])

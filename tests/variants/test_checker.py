@@ -128,6 +128,7 @@ def test_what_cannot_be_built_is_one_line_and_exit_2(spec, says, capsys):
     assert line.startswith("python -m variants.check: error: ") and says in line
 
 
+@pytest.mark.slow  # a fresh interpreter (about 3 s); the in-process test checks the same line
 def test_from_the_shell_a_bad_spec_is_one_line_and_no_traceback():
     done = subprocess.run([sys.executable, "-m", "variants.check", f"{OUTSIDE}.broken:IncompleteMap"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
