@@ -40,6 +40,11 @@ def compare_in_process(capsys, *options: str) -> str:
     return capsys.readouterr().out
 
 
+# compare.py's whole default table in a fresh interpreter, tiny preset (about 15 s): what the
+# tests reading it check is the output's shape, which the in-process tests below also reach
+TINY_REPORT = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def tiny_report() -> dict:
     done = run_compare(*FAST, "--format", "json")
@@ -47,6 +52,7 @@ def tiny_report() -> dict:
     return json.loads(done.stdout)
 
 
+@TINY_REPORT
 def test_tiny_preset_has_one_row_per_variant_with_positive_times(tiny_report):
     (block,) = tiny_report["blocks"]
     assert [row["variant"] for row in block["rows"]] == list(VARIANTS)
@@ -63,6 +69,7 @@ def test_tiny_preset_has_one_row_per_variant_with_positive_times(tiny_report):
 FLOAT32_ATOL = 1e-5
 
 
+@TINY_REPORT
 def test_tiny_preset_agrees_with_torch_after_weight_transfer(tiny_report):
     (block,) = tiny_report["blocks"]
     for row in block["rows"]:
@@ -73,12 +80,14 @@ def test_tiny_preset_agrees_with_torch_after_weight_transfer(tiny_report):
     assert reference["forward_vs_torch"] == pytest.approx(1.0)
 
 
+@TINY_REPORT
 def test_torch_row_reports_its_eval_fast_path(tiny_report):
     """nn.Transformer takes its fused eval kernels here (even heads, no autocast, no_grad)."""
     fast_path = {row["variant"]: row["torch_fast_path"] for row in tiny_report["blocks"][0]["rows"]}
     assert fast_path == {name: name == "torch" for name in VARIANTS}
 
 
+@pytest.mark.slow  # a compare.py run (about 3 s)
 def test_torch_fast_path_can_be_turned_off(capsys):
     out = compare_in_process(capsys, *FAST, "--variants", "torch", "--no-torch-fast-path",
                              "--format", "json")
@@ -86,6 +95,7 @@ def test_torch_fast_path_can_be_turned_off(capsys):
     assert row["torch_fast_path"] is False and row["forward_ms"] > 0
 
 
+@TINY_REPORT
 def test_header_names_machine_and_settings(tiny_report):
     meta = tiny_report["meta"]
     assert meta["threads"] == 1
@@ -291,6 +301,7 @@ def test_all_decoders_times_every_decoder_beside_cached_greedy_and_wide_only_wid
     assert tiny_settings(decode_len=1, all_decoders=True).modes == ("forward", "train")
 
 
+@pytest.mark.slow  # every decoder of two rows timed (about 5 s)
 def test_decode_columns_rates_ratios_and_cache_bytes():
     """Cached greedy, greedy by full recompute and beam 4 per row; the cache's bytes per token
     by the formula (a key and a value of d_model floats per decoder layer); torch has no cache."""
@@ -332,6 +343,7 @@ COMPACT_TITLES = ["variant", "params M", "fwd ms", "×torch", "train ms", "×tor
                   "×torch", "% peak", "peak MB", "max Δ logp"]
 
 
+@TINY_REPORT
 def test_the_default_table_fits_120_characters_and_wide_shows_every_column(tiny_report):
     compact = render(tiny_report, "github")
     table = [line for line in compact.splitlines() if line.startswith("|")]
@@ -344,6 +356,7 @@ def test_the_default_table_fits_120_characters_and_wide_shows_every_column(tiny_
         assert title in wide and title not in table[0], title
 
 
+@TINY_REPORT
 def test_the_header_gives_the_matmul_peak_with_its_spread(tiny_report):
     (block,) = tiny_report["blocks"]
     header = without_warning(render(tiny_report, "github")).splitlines()[1]
@@ -352,6 +365,7 @@ def test_the_header_gives_the_matmul_peak_with_its_spread(tiny_report):
     assert block["matmul_peak_gflops"] == max(block["matmul_peak_by_shape_gflops"].values())
 
 
+@TINY_REPORT
 def test_the_fused_row_names_its_sdpa_kernel_and_a_from_scratch_row_none(tiny_report):
     rows = {row["variant"]: row for row in tiny_report["blocks"][0]["rows"]}
     assert rows["fused"]["sdpa_backend"] and rows["fused"]["sdpa_backend_train"]

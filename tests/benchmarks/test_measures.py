@@ -56,6 +56,7 @@ def lower_bound(config: TransformerConfig, shape: Shape) -> int:
     return 2 * weights + shape.batch * shape.tgt_len * config.tgt_vocab_size * 4
 
 
+@pytest.mark.slow  # profiles a train step of every row (about 3 s)
 def test_the_train_peak_counts_weights_gradients_and_the_logits():
     settings = Settings(config=TINY, shapes=(BATCH,), preset="tiny", variants=("explicit",), rounds=1,
                         min_run_time=0.01, decode_len=1, threads=1, keep_freed_memory=False,

@@ -43,7 +43,10 @@ def first_forward_case(against: str = REFERENCE) -> Case:
     return Case(against, CONFIG, torch.float64, random_batch(CONFIG, 3, 7, 5).inputs(), FLOAT64)
 
 
-@pytest.mark.parametrize("variant", FROM_SCRATCH)
+@pytest.mark.parametrize("variant", [
+    "explicit",  # one row by default; the battery is the same code for every row
+    *(pytest.param(name, marks=pytest.mark.slow) for name in FROM_SCRATCH if name != "explicit"),
+])
 def test_every_builtin_passes_against_the_reference(variant):
     results = run_battery(variant)
     masked_against = "mathfirst" if variant == "explicit" else "explicit"
@@ -79,6 +82,7 @@ def test_each_classic_bug_fails_and_the_finder_names_its_first_point(spec):
     assert all(d.max_abs < 1e-13 for d in differences[:first])
 
 
+@pytest.mark.slow  # the command runs the battery to its first failure, then the finder (about 2 s)
 def test_the_command_prints_the_finder_after_a_failed_forward(capsys):
     assert main([f"{OUTSIDE}.bugs:SwappedCrossKeysValues"]) == 1
     out = capsys.readouterr().out
