@@ -23,15 +23,16 @@ import dataclasses
 import os
 import sys
 
-from benchmarks.engines import ENGINES, missing_extra, row_argument
 from benchmarks.machine import WAIT_POLICIES, settle_threads, wait_policy_environment
 
-# before torch loads its OpenMP runtime, which reads the wait policy once, when it loads
+# before torch loads its OpenMP runtime, which reads the wait policy once, when it loads: no
+# import above this line may import torch (tests/benchmarks/test_busy_cores.py checks the policy)
 os.environ.update(wait_policy_environment(sys.argv[1:], os.environ))
 
 import torch
 from tqdm import tqdm
 
+from benchmarks.engines import ENGINES, missing_extra, row_argument
 from benchmarks.plot import matplotlib_problem, path_problem, plot
 from benchmarks.render import FORMATS, contention_line, render, write_table
 from benchmarks.run import run

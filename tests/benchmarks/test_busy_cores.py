@@ -5,6 +5,7 @@ process, and one real busy core (a pinned spinner) seen by the detection."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -380,3 +381,22 @@ def test_a_core_held_by_a_spinning_process_is_seen_and_left_out():
     insisted = choose_threads(load, requested=len(cpus), default=len(cpus))
     assert insisted.threads == len(cpus) and insisted.contended
     assert insisted.line.startswith(f"warning: --threads {len(cpus)} with ")
+
+
+def test_compare_sets_the_wait_policy_before_anything_imports_torch():
+    """The slow test above proves the policy reaches libgomp; this one keeps the cheap half by
+    default: everything compare.py imports above its ``os.environ.update`` line loads without
+    torch (which would load OpenMP, and read the policy, first)."""
+    tree = ast.parse((ROOT / "compare.py").read_text(encoding="utf-8"))
+    early = []
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and "os.environ.update" in ast.unparse(node):
+            break
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            early.append(node.module)
+        elif isinstance(node, ast.Import):
+            early.extend(alias.name for alias in node.names)
+    else:
+        raise AssertionError("compare.py never sets the wait policy")
+    probe = f"import sys, {', '.join(early)}; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT).returncode == 0, early
