@@ -32,7 +32,7 @@ os.environ.update(wait_policy_environment(sys.argv[1:], os.environ))
 import torch
 from tqdm import tqdm
 
-from benchmarks.engines import ENGINES, missing_extra, row_argument
+from benchmarks.engines import ENGINES, engines_problem, row_argument
 from benchmarks.plot import matplotlib_problem, path_problem, plot
 from benchmarks.render import FORMATS, contention_line, render, write_table
 from benchmarks.run import run
@@ -123,9 +123,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     if args.device == "cuda":
         device_or_exit(parser, args.device)
     engines = tuple(name for name in dict.fromkeys(args.variants) if name in ENGINES)
-    if engines and args.decode_len == 1:
-        parser.error(f"the {', '.join(engines)} rows time decoding only: give --decode-len above 1")
-    if problem := engines and missing_extra(engines):
+    if problem := engines_problem(engines, args.decode_len):
         parser.error(problem)
     if args.freeze and not args.compile:
         parser.error("--freeze is an option of --compile; give both")

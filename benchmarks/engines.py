@@ -45,6 +45,14 @@ def row_argument(text: str) -> str:
     return text if text in ENGINES else variant_argument(text)
 
 
+def engines_problem(engines: tuple[str, ...], decode_len: int) -> str | None:
+    """Why compare.py cannot time these engine rows (nothing to decode, or the deploy extra
+    missing), or None; checked before any work."""
+    if engines and decode_len == 1:
+        return f"the {', '.join(engines)} rows time decoding only: give --decode-len above 1"
+    return missing_extra(engines) if engines else None
+
+
 def missing_extra(engines: tuple[str, ...]) -> str | None:
     """Why the ``engines`` rows cannot run here (a module of the deploy extra missing), or None."""
     missing = [module for engine in engines for module in ENGINE_MODULES[engine]
