@@ -23,7 +23,7 @@ import dataclasses
 import os
 import sys
 
-from benchmarks.machine import WAIT_POLICIES, settle_threads, wait_policy_environment
+from benchmarks.machine import WAIT_POLICIES, settle_threads, wait_policy_environment, wait_policy_problem
 
 # before torch loads its OpenMP runtime, which reads the wait policy once, when it loads: no
 # import above this line may import torch (tests/benchmarks/test_busy_cores.py checks the policy)
@@ -127,9 +127,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         parser.error(problem)
     if args.freeze and not args.compile:
         parser.error("--freeze is an option of --compile; give both")
-    if args.omp_wait_policy and os.environ.get("OMP_WAIT_POLICY", "").lower() != args.omp_wait_policy:
-        parser.error(f"--omp-wait-policy {args.omp_wait_policy}: torch was loaded before the option "
-                     f"was read; run compare.py as a program, or set OMP_WAIT_POLICY")
+    if problem := wait_policy_problem(args.omp_wait_policy, os.environ):
+        parser.error(problem)
     # before any timing: a run must not end in a table or a picture it cannot write
     if problem := args.output and path_problem(args.output, "--output", suffix=None):
         parser.error(problem)

@@ -233,6 +233,15 @@ class QuietParser(argparse.ArgumentParser):
         raise ValueError(message)
 
 
+def wait_policy_problem(option: str | None, environ: Mapping[str, str]) -> str | None:
+    """Why ``--omp-wait-policy option`` did not take (the environment torch loaded with says
+    otherwise: the option was read after torch loaded), or None."""
+    if option and environ.get("OMP_WAIT_POLICY", "").lower() != option:
+        return (f"--omp-wait-policy {option}: torch was loaded before the option was read; "
+                "run compare.py as a program, or set OMP_WAIT_POLICY")
+    return None
+
+
 def wait_policy_environment(argv: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     """What to add to the environment before torch loads OpenMP: ``--omp-wait-policy`` from
     ``argv`` if given, else ``DEFAULT_WAIT_POLICY`` if set and the environment has no
