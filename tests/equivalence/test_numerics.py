@@ -211,11 +211,22 @@ def test_low_precision_agrees_with_float32(variant, mode):
     compare_with_float32(variant, run, dtype, "cpu", MARGIN * MEASURED[measured_mode, dtype][variant])
 
 
+# How far another CPU's kernels move a recorded worst case: an Intel Xeon measured explicit's
+# ``to(float16)`` at 0.0135 (recorded on an AMD EPYC: 0.0101) and its float16 autocast at
+# 0.00745 (0.006), factors of 1.34 and 1.24. Pinning the digits failed there; a factor of 2
+# either way still fails a record gone stale (a change that halves or doubles an error).
+RECORD_FACTOR = 2.0
+
+
 @pytest.mark.slow
 def test_the_recorded_measurement_is_what_the_script_measures():
-    """MEASURED, from which the bounds are derived, is a measurement: the script finds it
-    again (to the 3 digits its table shows; one thread, so a CPU run repeats exactly)."""
-    assert low_precision.measure() == MEASURED
+    """MEASURED, from which the bounds are derived, is a measurement: the script finds every
+    cell again within RECORD_FACTOR, on whichever CPU runs it."""
+    measured = low_precision.measure()
+    assert measured.keys() == MEASURED.keys()
+    for key, recorded in MEASURED.items():
+        for name, worst in recorded.items():
+            assert worst / RECORD_FACTOR <= measured[key][name] <= worst * RECORD_FACTOR, (key, name, measured[key])
 
 
 # --- determinism ------------------------------------------------------------------------------
