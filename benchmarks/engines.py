@@ -6,9 +6,9 @@
 
 For one model's weights (any row's), one padded batch and ``max_len`` ids per row (BOS
 included), each ``EngineRow`` holds the calls a variant row's decode columns time: "decode",
-cached greedy decoding, and "beam", beam search of ``seq2seq.beam.BEAM_SIZE``. ONNX Runtime's
+cached greedy decoding, and "beam", beam search of ``seq2seq.decoding.beam.BEAM_SIZE``. ONNX Runtime's
 are the suite's own greedy_decode and beam_search driving the sessions
-(``seq2seq.engines.onnx_runtime``), so its beam is the suite's; CTranslate2's beam is its own
+(``seq2seq.deploy.onnx_runtime``), so its beam is the suite's; CTranslate2's beam is its own
 search, with its own length penalty (docs/deployment.md). Exporting is done here, once, before
 any timing; the calls then only decode. int8 is ONNX Runtime's dynamic quantization and
 CTranslate2's ``compute_type="int8"``.
@@ -27,11 +27,11 @@ from torch import Tensor, nn
 from benchmarks.steps import beam_step, decode_step
 from benchmarks.workload import BOS_ID, eos_id
 from common.batches import Batch
-from seq2seq.beam import ALPHA, BEAM_SIZE
+from seq2seq.decoding.beam import ALPHA, BEAM_SIZE
 from variants import variant_argument
 
 if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for
-    from seq2seq.engines.ctranslate import CTranslate2Model
+    from seq2seq.deploy.ctranslate import CTranslate2Model
 
 ENGINES = ("onnxruntime", "ctranslate2")
 PRECISIONS = ("float32", "int8")
@@ -109,7 +109,7 @@ def engine_rows(
     directory = Path(directory)
     rows = []
     if "onnxruntime" in settings.engines:
-        from seq2seq.engines import onnx_runtime
+        from seq2seq.deploy import onnx_runtime
 
         exported = onnx_runtime.export_onnx(model, directory / "onnx", exporter=settings.exporter)
         if "int8" in settings.precisions:
@@ -127,7 +127,7 @@ def engine_rows(
                 )
             )
     if "ctranslate2" in settings.engines:
-        from seq2seq.engines import ctranslate
+        from seq2seq.deploy import ctranslate
 
         exported = ctranslate.export_ctranslate2(
             model, directory / "ctranslate2", bos_id=BOS_ID, eos_id=eos_id(model.config)

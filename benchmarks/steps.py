@@ -21,8 +21,8 @@ from torch import Tensor, nn
 from benchmarks.dropout_masks import inductor_with_aten_masks
 from benchmarks.workload import BOS_ID, eos_id
 from common.batches import Batch
-from seq2seq.beam import BEAM_SIZE, beam_search
-from seq2seq.greedy import greedy_decode
+from seq2seq.decoding.beam import BEAM_SIZE, beam_search
+from seq2seq.decoding.greedy import greedy_decode
 
 Autocast = Callable[[], contextlib.AbstractContextManager]  # a fresh precision region per call
 

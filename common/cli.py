@@ -18,6 +18,7 @@ import math
 import os
 import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -70,6 +71,38 @@ def write_probe(folder: str | os.PathLike) -> OSError | None:
     except OSError as error:
         return error
     return None
+
+
+def directory_problem(directory: str | os.PathLike, named: str | os.PathLike | None = None) -> str | None:
+    """Why files cannot be written into ``directory`` (created if missing), or None; the
+    message starts with ``named`` (default: the directory), the path the user gave.
+
+    Found by writing and removing a small file there, so a path under a regular file, a missing
+    permission or a read-only file system shows before a run starts, not at its first save.
+    """
+    directory = Path(directory)
+    named = directory if named is None else Path(named)
+    for folder in (directory, *directory.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                where = "" if folder == named else f"{named}: "
+                return f"{where}{folder} is a file, not a directory"
+            break
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"{named}: cannot write files in {directory} ({error.strerror or first_line(error)})"
+    if error := write_probe(directory):
+        return f"{named}: cannot write files in {directory} ({error.strerror or first_line(error)})"
+    return None
+
+
+def file_problem(path: str | os.PathLike) -> str | None:
+    """Why a file could not be written at ``path`` (its directory is created if missing), or None."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a directory; name a file"
+    return directory_problem(path.parent, named=path)
 
 
 def device_or_exit(parser: argparse.ArgumentParser, name: str, option: str = "--device") -> torch.device:

@@ -3,7 +3,7 @@
     python -m scripts.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
 
 greedy-decodes the batch's sources once with the cache and once by full recompute
-(``seq2seq.greedy.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
+(``seq2seq.decoding.greedy.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
 so that a busy machine slows both alike, and times every step. Both decode the same ids (the
 cached run's choices). A generation of L ids (BOS included) costs the sum of its first L - 1
 steps (encoding the source, the same for both, is left out), so one run gives the speed-up at
@@ -22,7 +22,7 @@ streams its weights. The levers change what the cached step is made of (the unca
 keeps the model's eager step): ``--decode-dtype`` casts the model, ``--generator-layout dv``
 projects through a (D, V) contiguous copy of the generator's weight, ``--compile-step`` runs the
 cached step through torch.compile (compiled before the timed run), ``--static`` uses fused's
-static-shape step (``seq2seq.static_greedy``).
+static-shape step (``seq2seq.decoding.static``).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from common.checks import model_dtype
 from common.cli import Parser, positive
 from common.config import TransformerConfig
 from common.weights import export_weights
-from seq2seq.greedy import NextToken
-from seq2seq.static_greedy import StaticNextToken
+from seq2seq.decoding.greedy import NextToken
+from seq2seq.decoding.static import StaticNextToken
 from variants import FROM_SCRATCH, build
 
 DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer

@@ -11,7 +11,7 @@ exactly as explicit) after each row, so a run stopped later keeps the rows done,
 ``learners.png`` (the loss curves, by step and by training time). ``--minutes`` bounds the first
 row (explicit); the steps it reaches are every other row's budget. The model, vocabulary,
 batches and recipe are the ``--preset``'s (seq2seq.train's translate presets), any of them
-overridden by its option. A thin shell over ``seq2seq.learners``; the picture needs matplotlib
+overridden by its option. A thin shell over ``scripts.learners_study``; the picture needs matplotlib
 (``pip install -e ".[plot]"``).
 """
 
@@ -27,8 +27,7 @@ import torch
 from tqdm import tqdm
 
 from common.cli import Parser, config_or_exit, device_or_exit, one_line, positive, write_probe
-from seq2seq.corpus import CorpusSettings
-from seq2seq.learners import (
+from scripts.learners_study import (
     DTYPES,
     LearnersResult,
     LearnersSettings,
@@ -37,6 +36,7 @@ from seq2seq.learners import (
     prepare,
     run_learners,
 )
+from seq2seq.data.corpus import CorpusSettings
 from seq2seq.translation import PRESETS
 from variants import VARIANTS
 

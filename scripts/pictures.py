@@ -33,11 +33,11 @@ from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 from common.positions import sinusoid_table
 from common.weights import transfer
-from seq2seq.beam import BEAM_SIZE, EXTRA_LENGTH, beam_search
-from seq2seq.corpus import normalize
-from seq2seq.greedy import greedy_decode
-from seq2seq.subwords import Vocabulary
-from seq2seq.tasks import BOS_ID, EOS_ID
+from seq2seq.data.corpus import normalize
+from seq2seq.data.ids import BOS_ID, EOS_ID
+from seq2seq.data.subwords import Vocabulary
+from seq2seq.decoding.beam import BEAM_SIZE, EXTRA_LENGTH, beam_search
+from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.translation import load_translation_model
 from variants import build
 

@@ -2,7 +2,7 @@
 
     python -m scripts.static_decode --device cuda --modes eager reduce-overhead
 
-times ``seq2seq.static_greedy.StaticGreedy`` on fused (the one row with a static step) in each
+times ``seq2seq.decoding.static.StaticGreedy`` on fused (the one row with a static step) in each
 ``--modes`` entry ("eager", or a torch.compile mode: "default", "reduce-overhead", which on CUDA
 captures the step as a CUDA graph) and ``greedy_decode`` with the growing cache as the baseline,
 on one batch of random seeded weights. Each mode first decodes twice untimed (compiling, then
@@ -24,8 +24,8 @@ from benchmarks.workload import BOS_ID, DTYPES, PRESETS, eos_id
 from common.batches import random_batch
 from common.cli import Parser, device_or_exit, positive
 from common.config import TransformerConfig
-from seq2seq.greedy import greedy_decode
-from seq2seq.static_greedy import StaticGreedy
+from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.decoding.static import StaticGreedy
 from variants import build
 
 EAGER = "eager"

@@ -1,20 +1,25 @@
-"""What uses a model: synthetic tasks, the paper's training recipe, training runs, evaluation,
-greedy and beam decoding, checkpoints, and the commands that train, average and decode.
+"""What uses a model, laid out as its pipeline: data -> training -> decoding -> scoring ->
+deployment, with the commands users type at the top.
 
-    tasks        the copy/reverse tasks and the seeded training stream (TaskData, TaskBatches)
-    recipe       Recipe, the learning-rate schedule, Adam, the smoothed loss, train_step, StepReport
-    trainer      Trainer (a run in progress, checkpointed and restored exactly), train, seed_dropout
-    distributed  torchrun's world, the process group, batch shards and sums over ranks (DDP)
-    checkpoint   checkpoints that resume a run exactly, model files any variant loads
-    evaluation   the held-out set, exact-match accuracy of greedy decoding, its report line
-    greedy       greedy_decode, and NextToken, the cached next-token step beam search shares
-    beam         beam search as the paper runs it (beam 4, length penalty 0.6)
-    train        the command line: python -m seq2seq.train (training, checkpoints, accuracy)
-    average      checkpoint averaging, and its command line: python -m seq2seq.average
-    decode       the command line: python -m seq2seq.decode (a saved model's held-out accuracy)
+    data/         ids (PAD/BOS/EOS), tasks (copy/reverse), corpus (Tatoeba pairs), subwords
+                  (the joint vocabulary), batches (the seeded stream of token batches)
+    training/     recipe (schedule, Adam, smoothed loss), trainer (exact resume), distributed
+                  (DDP), checkpoint (checkpoints and model files), averaging (paper section 6.1)
+    decoding/     greedy, beam (the paper's beam search), static (a fixed-shape cached decode)
+    evaluation    held-out accuracy of the synthetic tasks; corpus BLEU and chrF
+    translation   the translation pipeline: settings and presets, a run in minutes or steps,
+                  translate and evaluate text
+    deploy/       export_config (the config beside an export, the source checks), onnx_runtime,
+                  ctranslate (the exporters and their runtimes as decode rows)
 
-Everything here reaches a variant only through ``variants.build`` and the shared interface
-(``encode``, ``decode``, ``project``), so it works the same for every registered variant. The
-library modules print nothing; the command lines are thin shells over them, and no module
-imports from a command-line module.
+    train         python -m seq2seq.train (synthetic tasks, or --task translate)
+    translate     python -m seq2seq.translate (translate and score with a model file)
+    average       python -m seq2seq.average (average a run's last checkpoints)
+    decode        python -m seq2seq.decode (a saved model's held-out accuracy)
+
+The subpackages never import the top-level modules: ``evaluation`` and ``translation`` join
+them, and the commands are thin shells over all of it. Everything here reaches a variant only
+through ``variants.build`` and the shared interface (``encode``, ``decode``, ``project``, and
+the public export stages of a variant that has them), so it works the same for every registered
+variant. The library prints nothing; no module imports from a command-line module.
 """

@@ -2,7 +2,7 @@
 
     python -m seq2seq.decode --model runs/a/average.pt --variant fused --show 3
 
-Loads the file (``seq2seq.checkpoint.load``), builds ``--variant`` (default: the variant that
+Loads the file (``seq2seq.training.checkpoint.load``), builds ``--variant`` (default: the variant that
 trained it) around its canonical weights, and reports held-out exact-sequence accuracy on the
 task it was trained on, as ``python -m seq2seq.train`` does at the end of training; ``--show N``
 first prints N held-out sources with the model's greedy output.
@@ -18,11 +18,11 @@ import torch
 
 from common.cli import Parser, device_or_exit, one_line, positive
 from common.masks import padding_mask
-from seq2seq import tasks
-from seq2seq.checkpoint import build_model, load
+from seq2seq.data import ids
+from seq2seq.data.tasks import TaskData
+from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import accuracy_line, held_out_accuracy, held_out_batch
-from seq2seq.greedy import greedy_decode
-from seq2seq.tasks import TaskData
+from seq2seq.training.checkpoint import build_model, load
 from variants import VARIANTS
 
 
@@ -71,11 +71,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.show > 0:
         src, _ = held_out_batch(data.task, args.show, seed=data.seed, **data.shape())
         src = src.to(args.device)
-        decoded = greedy_decode(model, src, padding_mask(src, tasks.PAD_ID), max_len=data.max_len + 2,
-                                bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+        decoded = greedy_decode(model, src, padding_mask(src, ids.PAD_ID), max_len=data.max_len + 2,
+                                bos_id=ids.BOS_ID, eos_id=ids.EOS_ID)
         for source, output in zip(src.tolist(), decoded.tolist(), strict=True):
-            print(" ".join(map(str, (t for t in source if t != tasks.PAD_ID))), "->",
-                  " ".join(map(str, (t for t in output[1:] if t not in (tasks.PAD_ID, tasks.EOS_ID)))))
+            print(" ".join(map(str, (t for t in source if t != ids.PAD_ID))), "->",
+                  " ".join(map(str, (t for t in output[1:] if t not in (ids.PAD_ID, ids.EOS_ID)))))
     print(accuracy_line(held_out_accuracy(model, data, args.eval_size), args.eval_size, data.task))
 
 

@@ -20,8 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from common.masks import padding_mask
-from seq2seq.greedy import greedy_decode
-from seq2seq.tasks import BOS_ID, EOS_ID, TaskData, sample_batch
+from seq2seq.data.ids import BOS_ID, EOS_ID
+from seq2seq.data.tasks import TaskData, sample_batch
+from seq2seq.decoding.greedy import greedy_decode
 
 HELD_OUT_SEED_OFFSET = 2**31  # the held-out generator's seed is the training stream's plus this
 

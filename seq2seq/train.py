@@ -7,9 +7,9 @@ reporting held-out exact-sequence accuracy of greedy decoding; or on a real corp
     python -m seq2seq.train --checkpoint-dir runs/a --steps 600 --resume
     python -m seq2seq.train --task translate --data fra-eng.zip --preset cpu --checkpoint-dir runs/fr
 
-A thin shell over the library: ``seq2seq.tasks`` (the data stream), ``seq2seq.recipe`` (the
-recipe), ``seq2seq.trainer`` (the run, under torchrun one shard per process), ``seq2seq.checkpoint``
-and ``seq2seq.evaluation``; for translation ``seq2seq.corpus``, ``seq2seq.subwords`` and
+A thin shell over the library: ``seq2seq.data.tasks`` (the data stream), ``seq2seq.training.recipe`` (the
+recipe), ``seq2seq.training.trainer`` (the run, under torchrun one shard per process), ``seq2seq.training.checkpoint``
+and ``seq2seq.evaluation``; for translation ``seq2seq.data.corpus``, ``seq2seq.data.subwords`` and
 ``seq2seq.translation``. It parses and validates options, shows a tqdm progress bar on stderr
 (rank 0), writes checkpoints (rank 0), and prints the results on stdout (rank 0).
 """
@@ -27,29 +27,27 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from common.cli import Parser, config_or_exit, device_or_exit, one_line, positive
-from seq2seq import distributed, tasks
-from seq2seq.checkpoint import (
+from common.cli import Parser, config_or_exit, device_or_exit, directory_problem, one_line, positive
+from seq2seq.data import tasks
+from seq2seq.data.batches import TokenBatches, TranslationData, encode_pairs
+from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
+from seq2seq.data.subwords import Vocabulary, train_vocabulary
+from seq2seq.data.tasks import TaskBatches, TaskData
+from seq2seq.evaluation import accuracy_line, held_out_accuracy, score_lines
+from seq2seq.training import distributed
+from seq2seq.training.checkpoint import (
     Checkpoint,
     checkpoint_path,
-    directory_problem,
     latest_checkpoint,
     load_checkpoint,
     save,
 )
-from seq2seq.corpus import ATTRIBUTION, CorpusSettings, load_corpus
-from seq2seq.distributed import World
-from seq2seq.evaluation import accuracy_line, held_out_accuracy, score_lines
-from seq2seq.recipe import Recipe, StepReport
-from seq2seq.subwords import Vocabulary, train_vocabulary
-from seq2seq.tasks import TaskBatches, TaskData
-from seq2seq.trainer import Trainer, seed_dropout
+from seq2seq.training.distributed import World
+from seq2seq.training.recipe import Recipe, StepReport
+from seq2seq.training.trainer import Trainer, seed_dropout
 from seq2seq.translation import (
     PRESETS,
-    TokenBatches,
-    TranslationData,
     TranslationSettings,
-    encode_pairs,
     evaluate,
     train_translation,
     training_sentences,

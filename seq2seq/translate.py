@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from common.cli import Parser, device_or_exit, one_line, positive
-from seq2seq.beam import ALPHA, BEAM_SIZE
-from seq2seq.checkpoint import ModelFile
-from seq2seq.corpus import ATTRIBUTION, CorpusSettings, load_corpus
+from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
+from seq2seq.data.subwords import Vocabulary
+from seq2seq.decoding.beam import ALPHA, BEAM_SIZE
 from seq2seq.evaluation import score_lines
-from seq2seq.subwords import Vocabulary
+from seq2seq.training.checkpoint import ModelFile
 from seq2seq.translation import evaluate, load_translation_model, translate
 from variants import VARIANTS
 

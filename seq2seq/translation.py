@@ -4,7 +4,7 @@ translates text (greedy or beam) and is scored with corpus BLEU and chrF against
 reference.
 
     settings = PRESETS["cpu"]
-    corpus = load_corpus(CorpusSettings("fra-eng.zip"))                       # seq2seq.corpus
+    corpus = load_corpus(CorpusSettings("fra-eng.zip"))                       # seq2seq.data.corpus
     vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
     data = TranslationData(CorpusSettings("fra-eng.zip"), settings.vocabulary_settings(),
                            settings.batch_tokens, settings.pool_size, seed=0)
@@ -15,10 +15,10 @@ reference.
     translate(model, vocabulary, ["I'm hungry."], beam_size=4)        # ["J'ai faim."]
     evaluate(model, vocabulary, corpus.test)                 # {1: Scores(...), 4: Scores(...)}
 
-A source is its pieces then EOS; a target is BOS, its pieces, EOS (ids from
-``seq2seq.subwords``, which match ``seq2seq.tasks``' PAD/BOS/EOS). Source and target share one
-joint vocabulary, so the model ties its three embedding matrices by default
-(``share_embeddings``, paper section 3.4). Prints nothing: ``python -m seq2seq.train --task
+The batches (``TranslationData``, ``encode_pairs``, ``TokenBatches``) are
+``seq2seq.data.batches``'. A source is its pieces then EOS; a target is BOS, its pieces, EOS
+(``seq2seq.data.ids``). Source and target share one joint vocabulary, so the model ties its
+three embedding matrices by default (``share_embeddings``, paper section 3.4). Prints nothing: ``python -m seq2seq.train --task
 translate`` and ``python -m seq2seq.translate`` are the command lines over this.
 
 Shape legend:
@@ -36,20 +36,21 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
-from seq2seq import distributed
-from seq2seq.beam import ALPHA, EXTRA_LENGTH, beam_search
-from seq2seq.checkpoint import ModelFile, build_model, load
-from seq2seq.corpus import Corpus, CorpusSettings, Example, normalize
+from seq2seq.data.batches import EncodedPairs, batches_by_length
+from seq2seq.data.corpus import Corpus, Example, normalize
+from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.data.subwords import Vocabulary, VocabularySettings
+from seq2seq.decoding.beam import ALPHA, EXTRA_LENGTH, beam_search
+from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import Scores, corpus_scores
-from seq2seq.greedy import greedy_decode
-from seq2seq.recipe import Recipe, StepReport, smoothed_loss_sum
-from seq2seq.subwords import Vocabulary, VocabularySettings
-from seq2seq.tasks import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.trainer import Trainer
+from seq2seq.training import distributed
+from seq2seq.training.checkpoint import ModelFile, build_model, load
+from seq2seq.training.recipe import Recipe, StepReport, smoothed_loss_sum
+from seq2seq.training.trainer import Trainer
 
 # --- settings ------------------------------------------------------------------------------
 
@@ -111,26 +112,6 @@ PRESETS: dict[str, TranslationSettings] = {
 }
 
 
-@dataclass(frozen=True)
-class TranslationData:
-    """Where a training stream's batches come from: what a checkpoint records as its ``data``
-    settings, and a resumed run must share."""
-
-    corpus: CorpusSettings  # the corpus and its split
-    vocabulary: VocabularySettings  # the subword vocabulary trained on its train split
-    batch_tokens: int  # source + target positions per batch, padding included
-    pool_size: int  # pairs drawn per batch
-    seed: int  # the stream's generator
-
-    def __post_init__(self) -> None:
-        for name in ("batch_tokens", "pool_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TranslationData.{name} must be a positive int, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"TranslationData.seed must be an int, got {self.seed!r}")
-
-
 def training_sentences(corpus: Corpus) -> Iterator[str]:
     """What the vocabulary is trained on: the train split only, each source once and each of
     its translations (so nothing of valid or test shapes the pieces)."""
@@ -147,81 +128,6 @@ def translation_config(settings: TranslationSettings, vocabulary: Vocabulary) ->
         tgt_vocab_size=vocabulary.size, max_seq_len=settings.max_seq_len,
         norm_first=settings.norm_first, pad_id=PAD_ID, share_embeddings=settings.share_embeddings,
     )
-
-
-# --- the batch stream ----------------------------------------------------------------------
-
-
-class EncodedPairs(NamedTuple):
-    """Pairs as id tensors: sources ``pieces EOS``, targets ``BOS pieces EOS``."""
-
-    sources: list[Tensor]  # each (S,)
-    targets: list[Tensor]  # each (T,)
-
-
-def encode_pairs(vocabulary: Vocabulary, pairs: Sequence[tuple[str, str]]) -> EncodedPairs:
-    """The id tensors of (source, target) text pairs."""
-    if not pairs:
-        raise ValueError("no pairs to encode")
-    sources = vocabulary.encode([source for source, _ in pairs])
-    targets = vocabulary.encode([target for _, target in pairs])
-    return EncodedPairs([torch.tensor([*ids, EOS_ID]) for ids in sources],
-                        [torch.tensor([BOS_ID, *ids, EOS_ID]) for ids in targets])
-
-
-class TokenBatches:
-    """An endless, seeded stream of (src, tgt) batches of about ``batch_tokens`` positions.
-
-    Each batch draws ``pool_size`` pairs (with replacement) from ``generator``, sorts them by
-    length and cuts, from a random place in that order, as many consecutive pairs as fit
-    ``batch_tokens`` padded source and target positions: rows of one batch have similar
-    lengths, so little of it is padding, and a batch of short sentences holds more of them.
-    Everything is drawn from ``generator``: its state is the stream's position, which a
-    checkpoint saves, so a resumed run draws what the uninterrupted run would have.
-    """
-
-    def __init__(self, encoded: EncodedPairs, data: TranslationData) -> None:
-        if not isinstance(data, TranslationData):
-            raise TypeError(f"data must be a TranslationData, got {type(data).__name__}")
-        if not encoded.sources or len(encoded.sources) != len(encoded.targets):
-            raise ValueError(f"need as many sources as targets, at least one: got "
-                             f"{len(encoded.sources)} and {len(encoded.targets)}")
-        self.data = data
-        self.sources, self.targets = encoded
-        self.source_lengths = torch.tensor([len(ids) for ids in self.sources])  # (N,)
-        self.target_lengths = torch.tensor([len(ids) for ids in self.targets])  # (N,)
-        longest = int((self.source_lengths + self.target_lengths).max())
-        if longest > data.batch_tokens:
-            raise ValueError(f"batch_tokens {data.batch_tokens} cannot hold the longest pair "
-                             f"({longest} source and target positions)")
-        self.generator = torch.Generator().manual_seed(data.seed)
-
-    def __iter__(self) -> TokenBatches:
-        return self
-
-    def __next__(self) -> tuple[Tensor, Tensor]:
-        pool_size = self.data.pool_size
-        pool = torch.randint(len(self.sources), (pool_size,), generator=self.generator)  # (P,)
-        pool = pool[(self.source_lengths[pool] + self.target_lengths[pool]).argsort(stable=True)]
-        start = int(torch.randint(pool_size, (1,), generator=self.generator))
-        count = self._fitting(pool[start:])
-        if count == pool_size - start:  # the pool ended before the budget: cut from its end instead
-            count = self._fitting(pool.flip(0))
-            start = pool_size - count
-        rows = pool[start:start + count].tolist()
-        src = nn.utils.rnn.pad_sequence([self.sources[i] for i in rows], batch_first=True,
-                                        padding_value=PAD_ID)  # (B, S)
-        tgt = nn.utils.rnn.pad_sequence([self.targets[i] for i in rows], batch_first=True,
-                                        padding_value=PAD_ID)  # (B, T)
-        return src, tgt
-
-    def _fitting(self, rows: Tensor) -> int:
-        """How many of ``rows``, from the first, fit ``batch_tokens`` padded positions: k rows
-        take k * (longest source + longest target among them), which only grows with k."""
-        longest = (self.source_lengths[rows].cummax(0).values
-                   + self.target_lengths[rows].cummax(0).values)  # (P,)
-        padded = torch.arange(1, len(rows) + 1) * longest  # (P,)
-        return int((padded <= self.data.batch_tokens).sum())
 
 
 # --- training ------------------------------------------------------------------------------
@@ -273,7 +179,7 @@ def validation_loss(model: nn.Module, encoded: EncodedPairs, batch_tokens: int =
     device = next(model.parameters()).device
     pad_id = model.config.pad_id
     total, tokens = 0.0, 0
-    for src, tgt in _batches_by_length(encoded, batch_tokens):
+    for src, tgt in batches_by_length(encoded, batch_tokens):
         src, tgt = src.to(device), tgt.to(device)
         tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]  # (B, T - 1) each
         log_probs = model(src, tgt_in, padding_mask(src, pad_id), decoder_mask(tgt_in, pad_id))
@@ -281,26 +187,6 @@ def validation_loss(model: nn.Module, encoded: EncodedPairs, batch_tokens: int =
         total, tokens = total + float(loss_sum), tokens + int(count)
     model.train(was_training)
     return total / tokens
-
-
-def _batches_by_length(encoded: EncodedPairs, batch_tokens: int) -> Iterator[tuple[Tensor, Tensor]]:
-    """Every pair once, in (src, tgt) batches of similar lengths and about ``batch_tokens`` positions."""
-    order = sorted(range(len(encoded.sources)),
-                   key=lambda i: (len(encoded.sources[i]) + len(encoded.targets[i])))
-    start = 0
-    while start < len(order):
-        end, longest = start, 0
-        while end < len(order):
-            longest_if = max(longest, len(encoded.sources[order[end]]) + len(encoded.targets[order[end]]))
-            if end > start and (end - start + 1) * longest_if > batch_tokens:
-                break
-            longest, end = longest_if, end + 1
-        rows = order[start:end]
-        yield (nn.utils.rnn.pad_sequence([encoded.sources[i] for i in rows], batch_first=True,
-                                         padding_value=PAD_ID),
-               nn.utils.rnn.pad_sequence([encoded.targets[i] for i in rows], batch_first=True,
-                                         padding_value=PAD_ID))
-        start = end
 
 
 # --- translating and scoring ---------------------------------------------------------------
@@ -333,7 +219,7 @@ def translate(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str]
               beam_size: int = 1, alpha: float = ALPHA, batch_size: int = 64,
               normalization: str = "NFKC") -> list[str]:
     """The model's translation of each sentence, detokenised: greedy decoding for
-    ``beam_size=1``, else beam search (``seq2seq.beam``, length penalty ``alpha``).
+    ``beam_size=1``, else beam search (``seq2seq.decoding.beam``, length penalty ``alpha``).
 
     Each sentence is normalised as the corpus was (``normalization``) and may produce up to
     its length + 50 pieces (section 6.1), within the model's ``max_seq_len``. Runs in eval mode

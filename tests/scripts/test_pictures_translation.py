@@ -16,10 +16,10 @@ from common.probes import capture
 from common.weights import export_weights
 from scripts import pictures
 from scripts.pictures import cross_attention
-from seq2seq.checkpoint import ModelFile, save
-from seq2seq.corpus import normalize
-from seq2seq.subwords import VocabularySettings, train_vocabulary
-from seq2seq.tasks import BOS_ID, EOS_ID
+from seq2seq.data.corpus import normalize
+from seq2seq.data.ids import BOS_ID, EOS_ID
+from seq2seq.data.subwords import VocabularySettings, train_vocabulary
+from seq2seq.training.checkpoint import ModelFile, save
 from seq2seq.translation import TranslationSettings, translate, translation_config
 from tests.seq2seq.conftest import sample_pairs
 from variants import build

@@ -12,10 +12,10 @@ from torch import nn
 from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.weights import export_weights, import_weights
-from seq2seq import tasks
-from seq2seq.recipe import Recipe
-from seq2seq.tasks import task_batches
-from seq2seq.trainer import train
+from seq2seq.data import tasks
+from seq2seq.data.tasks import task_batches
+from seq2seq.training.recipe import Recipe
+from seq2seq.training.trainer import train
 from variants import build
 
 

@@ -13,7 +13,7 @@ import compare
 from common.config import TransformerConfig
 from common.weights import export_weights
 from seq2seq import average, decode, train
-from seq2seq.checkpoint import ModelFile, save
+from seq2seq.training.checkpoint import ModelFile, save
 from variants import build
 
 CONFIG = TransformerConfig(d_model=16, n_heads=2, n_layers=1, d_ff=16, dropout=0.0,

@@ -12,8 +12,9 @@ import torch
 from common.weights import canonical_shapes, export_weights
 from seq2seq import average, decode
 from seq2seq import train as train_cli
-from seq2seq.average import average_files, average_weights
-from seq2seq.checkpoint import (
+from seq2seq.data.tasks import task_batches
+from seq2seq.training.averaging import average_files, average_weights
+from seq2seq.training.checkpoint import (
     ModelFile,
     build_model,
     checkpoint_path,
@@ -23,9 +24,8 @@ from seq2seq.checkpoint import (
     load_checkpoint,
     save,
 )
-from seq2seq.recipe import Recipe
-from seq2seq.tasks import task_batches
-from seq2seq.trainer import Trainer
+from seq2seq.training.recipe import Recipe
+from seq2seq.training.trainer import Trainer
 from tests.helpers import small_config
 from variants import build
 

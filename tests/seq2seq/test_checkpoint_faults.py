@@ -16,8 +16,8 @@ import torch
 
 from common.config import TransformerConfig
 from common.weights import export_weights
-from seq2seq.average import average_files
-from seq2seq.checkpoint import FORMAT, ModelFile, load, save
+from seq2seq.training.averaging import average_files
+from seq2seq.training.checkpoint import FORMAT, ModelFile, load, save
 from variants import build
 
 CONFIG = TransformerConfig(d_model=16, n_heads=2, n_layers=1, d_ff=16, dropout=0.0,

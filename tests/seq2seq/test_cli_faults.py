@@ -14,7 +14,7 @@ import torch
 
 from common.config import TransformerConfig
 from common.weights import export_weights
-from seq2seq.checkpoint import ModelFile, checkpoint_path, save
+from seq2seq.training.checkpoint import ModelFile, checkpoint_path, save
 from variants import build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """Training on two processes (DDP over gloo on the CPU, file rendezvous) equals one process on
-the whole batch; the torchrun command line; the pieces of seq2seq.distributed one by one.
+the whole batch; the torchrun command line; the pieces of seq2seq.training.distributed one by one.
 
 The two-process tests start their ranks with ``torch.multiprocessing`` (spawn) under a time limit;
 each child imports torch and the project afresh, about 4 s on the shared 2-core machine.
@@ -21,8 +21,16 @@ import torch.multiprocessing as mp
 
 from common.batches import random_batch
 from common.weights import export_weights
-from seq2seq.checkpoint import build_model, checkpoint_path, list_checkpoints, load, load_checkpoint, save
-from seq2seq.distributed import (
+from seq2seq.data.tasks import task_batches
+from seq2seq.training.checkpoint import (
+    build_model,
+    checkpoint_path,
+    list_checkpoints,
+    load,
+    load_checkpoint,
+    save,
+)
+from seq2seq.training.distributed import (
     SINGLE,
     World,
     backend_for,
@@ -33,9 +41,8 @@ from seq2seq.distributed import (
     shard,
     sum_over_ranks,
 )
-from seq2seq.recipe import Recipe
-from seq2seq.tasks import task_batches
-from seq2seq.trainer import Trainer, seed_dropout, train
+from seq2seq.training.recipe import Recipe
+from seq2seq.training.trainer import Trainer, seed_dropout, train
 from tests.helpers import small_config
 from variants import VARIANTS, build
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from common.batches import random_batch
-from seq2seq.distributed import SINGLE, World, replicate
-from seq2seq.trainer import seed_dropout
+from seq2seq.training.distributed import SINGLE, World, replicate
+from seq2seq.training.trainer import seed_dropout
 from tests.helpers import small_config
 from tests.seq2seq.test_distributed import run_group
 from variants import build

@@ -16,12 +16,12 @@ from common.batches import random_batch
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 from common.weights import import_weights, init_canonical
-from seq2seq.beam import beam_search, length_penalty
-from seq2seq.greedy import greedy_decode
+from seq2seq.decoding.beam import beam_search, length_penalty
+from seq2seq.decoding.greedy import greedy_decode
 from variants import build
 
 ctranslate = pytest.importorskip(
-    "seq2seq.engines.ctranslate", reason="the deploy extra (ctranslate2) is not installed"
+    "seq2seq.deploy.ctranslate", reason="the deploy extra (ctranslate2) is not installed"
 )
 
 BOS, EOS, MAX_LEN = 1, 59, 16
@@ -235,7 +235,7 @@ def test_ctranslate2_refuses_bad_settings(ct2_case, tmp_path):
 @pytest.fixture(scope="module")
 def onnx_runtime():
     return pytest.importorskip(
-        "seq2seq.engines.onnx_runtime",
+        "seq2seq.deploy.onnx_runtime",
         reason="the deploy extra (onnx, onnxscript, onnxruntime) is not installed",
     )
 

@@ -12,8 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
+from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.data.tasks import task_batches
 from seq2seq.evaluation import exact_match_accuracy, held_out_batch
-from seq2seq.tasks import BOS_ID, EOS_ID, PAD_ID, task_batches
 
 VOCAB = 8
 A, B, C, D = 3, 4, 5, 6  # content tokens; 0, 1, 2 are PAD, BOS, EOS

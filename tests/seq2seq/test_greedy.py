@@ -11,8 +11,8 @@ from torch import nn
 
 from common.config import TransformerConfig
 from common.masks import decoder_mask
-from seq2seq import tasks
-from seq2seq.greedy import greedy_decode
+from seq2seq.data import tasks
+from seq2seq.decoding.greedy import greedy_decode
 from tests.helpers import small_config
 from variants import REFERENCE, build
 

@@ -3,7 +3,7 @@ sums DDP reduces, the recipe's validation, and one training step against a teach
 loss written out here.
 
 The lockstep test in test_trainer.py runs ``train`` on both sides; here the expected loss
-shares no code with ``seq2seq.recipe`` or ``common.masks``: the target shift, both masks, the
+shares no code with ``seq2seq.training.recipe`` or ``common.masks``: the target shift, both masks, the
 paper's label smoothing and the padding rule are spelled out below.
 """
 
@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from common.weights import export_gradients, export_weights
-from seq2seq import tasks
-from seq2seq.recipe import Recipe, learning_rate, make_optimizer, smoothed_loss_sum, train_step
-from seq2seq.tasks import task_batches
-from seq2seq.trainer import train
+from seq2seq.data import tasks
+from seq2seq.data.tasks import task_batches
+from seq2seq.training.recipe import Recipe, learning_rate, make_optimizer, smoothed_loss_sum, train_step
+from seq2seq.training.trainer import train
 from tests.helpers import FLOAT64_TOL, small_config
 from variants import VARIANTS, build
 

@@ -11,10 +11,10 @@ import torch
 
 from common.config import TransformerConfig
 from common.weights import export_weights
-from seq2seq.checkpoint import Checkpoint
-from seq2seq.recipe import Recipe
-from seq2seq.tasks import task_batches
-from seq2seq.trainer import Trainer
+from seq2seq.data.tasks import task_batches
+from seq2seq.training.checkpoint import Checkpoint
+from seq2seq.training.recipe import Recipe
+from seq2seq.training.trainer import Trainer
 from variants import build
 
 CONFIG = TransformerConfig(d_model=16, n_heads=2, n_layers=1, d_ff=16, dropout=0.1,

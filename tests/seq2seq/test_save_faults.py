@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from seq2seq import train as train_cli
-from seq2seq.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+from seq2seq.training.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["--variant", "explicit", "--task", "copy", "--batch", "4", "--d-model", "16", "--heads", "2",

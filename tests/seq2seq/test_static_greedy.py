@@ -1,5 +1,5 @@
 """The static-shape cached step (fused's ``start_static_cache``/``static_step``) and the greedy loop
-on it (``seq2seq.static_greedy``): the step's log-probs equal the growing cache's and the full
+on it (``seq2seq.decoding.static``): the step's log-probs equal the growing cache's and the full
 decode's at every position; the loop's tokens equal ``greedy_decode``'s; it stops at EOS, refills
 its cache for the next batch, and refuses bad arguments by name; compiled, the step is one graph
 whose log-probs are the eager step's."""
@@ -14,9 +14,9 @@ from torch import nn
 from common.batches import random_batch
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
-from seq2seq import tasks
-from seq2seq.greedy import greedy_decode
-from seq2seq.static_greedy import StaticGreedy, StaticNextToken, static_greedy_decode
+from seq2seq.data import tasks
+from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.decoding.static import StaticGreedy, StaticNextToken, static_greedy_decode
 from tests.helpers import FLOAT64_TOL, small_config
 from tests.seq2seq.test_greedy import ScriptedModel
 from variants import build

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seq2seq import tasks
-from seq2seq.tasks import task_batches
+from seq2seq.data import tasks
+from seq2seq.data.tasks import task_batches
 
 
 @pytest.mark.parametrize("task", tasks.TASKS)

@@ -10,12 +10,12 @@ import torch
 
 from common.config import TransformerConfig
 from common.weights import export_weights, import_weights
-from seq2seq import tasks
+from seq2seq.data import tasks
+from seq2seq.data.tasks import task_batches
 from seq2seq.evaluation import exact_match_accuracy, held_out_batch
-from seq2seq.recipe import Recipe
-from seq2seq.tasks import task_batches
 from seq2seq.train import parse_args
-from seq2seq.trainer import Trainer, train
+from seq2seq.training.recipe import Recipe
+from seq2seq.training.trainer import Trainer, train
 from tests.helpers import random_canonical, small_config
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 

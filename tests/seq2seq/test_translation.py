@@ -13,17 +13,15 @@ import zipfile
 import pytest
 import torch
 
-from seq2seq.checkpoint import ModelFile, _digest, build_model, load, save
-from seq2seq.corpus import SPLITS, CorpusSettings, load_corpus, normalize, read_pairs
+from seq2seq.data.batches import TokenBatches, TranslationData, encode_pairs
+from seq2seq.data.corpus import SPLITS, CorpusSettings, load_corpus, normalize, read_pairs
+from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabulary
 from seq2seq.evaluation import corpus_scores
-from seq2seq.subwords import Vocabulary, VocabularySettings, train_vocabulary
-from seq2seq.tasks import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.trainer import Trainer
+from seq2seq.training.checkpoint import ModelFile, _digest, build_model, load, save
+from seq2seq.training.trainer import Trainer
 from seq2seq.translation import (
-    TokenBatches,
-    TranslationData,
     TranslationSettings,
-    encode_pairs,
     evaluate,
     train_translation,
     training_sentences,
@@ -47,7 +45,7 @@ def expected_translations(pairs, form="NFKC", max_words=8) -> dict[str, set[str]
 
 def normal(text: str, form: str = "NFKC") -> str:
     """``form`` of ``text``, runs of plain spaces made one, ends stripped: written apart from
-    ``seq2seq.corpus.normalize``, which the tests check."""
+    ``seq2seq.data.corpus.normalize``, which the tests check."""
     return " ".join(part for part in unicodedata.normalize(form, text).split(" ") if part)
 
 

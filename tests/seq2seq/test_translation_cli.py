@@ -16,10 +16,10 @@ import torch
 from common.config import TransformerConfig
 from common.weights import export_weights
 from seq2seq import average, train, translate
-from seq2seq.checkpoint import ModelFile, list_checkpoints, load, save
-from seq2seq.corpus import CorpusSettings, load_corpus
-from seq2seq.recipe import StepReport
-from seq2seq.subwords import Vocabulary
+from seq2seq.data.corpus import CorpusSettings, load_corpus
+from seq2seq.data.subwords import Vocabulary
+from seq2seq.training.checkpoint import ModelFile, list_checkpoints, load, save
+from seq2seq.training.recipe import StepReport
 from variants import build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from seq2seq.corpus import SPLITS, CorpusSettings, load_corpus, read_pairs
+from seq2seq.data.corpus import SPLITS, CorpusSettings, load_corpus, read_pairs
 
 EXPORT = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-eng-fra" / "fra-eng.zip"
 PAIRS, DISTINCT_ENGLISH = 167_130, 116_830  # what the export's README states

@@ -24,10 +24,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-PAD_ID = 0
-BOS_ID = 1
-EOS_ID = 2
-FIRST_TOKEN_ID = 3  # the smallest content token
+from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
+
+FIRST_TOKEN_ID = EOS_ID + 1  # the smallest content token
 
 TASKS: tuple[str, ...] = ("copy", "reverse")
 

@@ -1,4 +1,4 @@
-"""One seed, five learners (``seq2seq.learners``, ``python -m scripts.learners``) on the sample
+"""One seed, five learners (``scripts.learners_study``, ``python -m scripts.learners``) on the sample
 corpus the tests write: the records and the table against independent counts, the rows' dropout
 in lockstep (and why the torch row's masks land elsewhere), and bad options in one line."""
 
@@ -14,8 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common.batches import random_batch
 from common.weights import export_weights
 from scripts import learners as learners_cli
-from seq2seq.corpus import CorpusSettings
-from seq2seq.learners import (
+from scripts.learners_study import (
     LearnersSettings,
     as_json,
     identical_share,
@@ -24,10 +23,13 @@ from seq2seq.learners import (
     run_learners,
     train_learner,
 )
-from seq2seq.tasks import PAD_ID
-from seq2seq.trainer import Trainer, seed_dropout
-from seq2seq.translation import TokenBatches, TranslationSettings
+from seq2seq.data.corpus import CorpusSettings
+from seq2seq.data.ids import PAD_ID
+from seq2seq.training.trainer import Trainer, seed_dropout
+from seq2seq.data.batches import TokenBatches
+from seq2seq.translation import TranslationSettings
 from tests.helpers import small_config
+from tests.seq2seq.conftest import sample_corpus  # noqa: F401  (the fixture: the sample corpus the tests write)
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 
 WIDE_SPLIT = dict(valid_fraction=0.2, test_fraction=0.2)

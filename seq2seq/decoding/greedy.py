@@ -16,7 +16,7 @@ keys and values of the earlier ones from the cache. Without one (the torch refer
 ``use_cache=False``) a step decodes the whole prefix under the usual causal and padding mask —
 about L²/2 decoder positions for L tokens instead of L, the cross-attention keys and values
 recomputed every step — and that is the specification the cache is tested against.
-``seq2seq.beam`` steps with it too.
+``seq2seq.decoding.beam`` steps with it too.
 
 Shape legend:
     B  batch (or batch x beams)   S  source length   L  generated length (BOS included)

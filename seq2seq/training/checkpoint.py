@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from common.cli import first_line, write_probe
+from common.cli import first_line
 from common.config import TransformerConfig
 from common.weights import import_weights
 from variants import build
@@ -61,7 +61,7 @@ class ModelFile:
     config: TransformerConfig
     settings: Mapping[str, object]  # the run's other settings, e.g. {"data": {...}, "recipe": {...}}
     weights: Mapping[str, Tensor]  # canonical name -> tensor (common.weights)
-    # the subword vocabulary of a translation model (seq2seq.subwords), serialized as uint8;
+    # the subword vocabulary of a translation model (seq2seq.data.subwords), serialized as uint8;
     # None for the synthetic tasks, and in files written before the field existed
     vocabulary: Tensor | None = dataclasses.field(default=None, kw_only=True)
 
@@ -383,38 +383,6 @@ def restore_rng(state: Mapping[str, Tensor | None], device: torch.device) -> Non
 
 
 # --- where they live -------------------------------------------------------------------------
-
-
-def directory_problem(directory: str | os.PathLike, named: str | os.PathLike | None = None) -> str | None:
-    """Why files cannot be written into ``directory`` (created if missing), or None; the
-    message starts with ``named`` (default: the directory), the path the user gave.
-
-    Found by writing and removing a small file there, so a path under a regular file, a missing
-    permission or a read-only file system shows before a run starts, not at its first save.
-    """
-    directory = Path(directory)
-    named = directory if named is None else Path(named)
-    for folder in (directory, *directory.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                where = "" if folder == named else f"{named}: "
-                return f"{where}{folder} is a file, not a directory"
-            break
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        return f"{named}: cannot write files in {directory} ({error.strerror or first_line(error)})"
-    if error := write_probe(directory):
-        return f"{named}: cannot write files in {directory} ({error.strerror or first_line(error)})"
-    return None
-
-
-def file_problem(path: str | os.PathLike) -> str | None:
-    """Why ``save`` could not write ``path`` (its directory is created if missing), or None."""
-    path = Path(path)
-    if path.is_dir():
-        return f"{path} is a directory; name a file"
-    return directory_problem(path.parent, named=path)
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:

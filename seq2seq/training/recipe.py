@@ -9,7 +9,7 @@ Recipe: Adam(beta1=0.9, beta2=0.98, eps=1e-9); learning rate
 ``factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`` (linear warm-up, then inverse
 square root); label smoothing 0.1; teacher forcing: the decoder reads ``tgt[:, :-1]`` and
 predicts ``tgt[:, 1:]``, padding excluded from the loss. Works with any model from
-``variants.build`` (or its DDP wrapper, ``seq2seq.distributed``) and prints nothing.
+``variants.build`` (or its DDP wrapper, ``seq2seq.training.distributed``) and prints nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from common.masks import decoder_mask, padding_mask
-from seq2seq import distributed
-from seq2seq.distributed import SINGLE, World
+from seq2seq.training import distributed
+from seq2seq.training.distributed import SINGLE, World
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ stream, the steps done) and checkpoints and restores it exactly; ``train`` runs 
     save(trainer.checkpoint("explicit"), checkpoint_path("runs/a", trainer.step))
 
 Under torchrun each process trains on its shard of every batch and DDP averages the gradients
-(``seq2seq.distributed``); the update equals one process's on the whole batch. Checkpoints
-(``seq2seq.checkpoint``) resume a run exactly. Prints nothing: ``python -m seq2seq.train`` is
+(``seq2seq.training.distributed``); the update equals one process's on the whole batch. Checkpoints
+(``seq2seq.training.checkpoint``) resume a run exactly. Prints nothing: ``python -m seq2seq.train`` is
 the command line over this.
 """
 
@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from common.cli import first_line
 from common.weights import apply_import, export_weights, prepare_import
-from seq2seq import distributed
-from seq2seq.checkpoint import (
+from seq2seq.training import distributed
+from seq2seq.training.checkpoint import (
     Checkpoint,
     capture_rng,
     check_resumable,
@@ -34,8 +34,8 @@ from seq2seq.checkpoint import (
     restore_rng,
     rng_problems,
 )
-from seq2seq.distributed import SINGLE, World
-from seq2seq.recipe import Recipe, StepReport, make_optimizer, train_step
+from seq2seq.training.distributed import SINGLE, World
+from seq2seq.training.recipe import Recipe, StepReport, make_optimizer, train_step
 
 
 class Trainer:

@@ -9,7 +9,7 @@ and beam 4), training speed, and the share of test sentences it translates exact
 
 Every row starts from the canonical weights of ``seed`` (``variants.build``), draws its batches
 from its own ``TokenBatches`` seeded alike (so every row trains on the same batches) and its
-dropout from torch's global generator seeded by ``seq2seq.trainer.seed_dropout``. The
+dropout from torch's global generator seeded by ``seq2seq.training.trainer.seed_dropout``. The
 from-scratch rows draw the same masks from it; the torch row draws the same numbers, but three of
 its dropouts per layer act on a tensor stored in (L, B, D) order, and CPU dropout fills a mask
 in memory order, so its masks land on other elements (docs/translation.md, "One seed, five
@@ -35,18 +35,15 @@ from tabulate import tabulate
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
-from seq2seq.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus
+from seq2seq.data.batches import EncodedPairs, TokenBatches, TranslationData, encode_pairs
+from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus
+from seq2seq.data.ids import PAD_ID
+from seq2seq.data.subwords import Vocabulary, train_vocabulary
 from seq2seq.evaluation import corpus_scores
-from seq2seq.recipe import StepReport
-from seq2seq.subwords import Vocabulary, train_vocabulary
-from seq2seq.tasks import PAD_ID
-from seq2seq.trainer import Trainer, seed_dropout
+from seq2seq.training.recipe import StepReport
+from seq2seq.training.trainer import Trainer, seed_dropout
 from seq2seq.translation import (
-    EncodedPairs,
-    TokenBatches,
-    TranslationData,
     TranslationSettings,
-    encode_pairs,
     train_translation,
     training_sentences,
     translate,

@@ -23,7 +23,7 @@ past keys' symbolic length, and the path is the supported one. ``exporter="torch
 the legacy tracer, deprecated in torch 2.9 and slated for removal, which gives the same graphs'
 function (the tests prove both) about ten times faster; it records the position through
 traced shape ops. ``OnnxRuntimeModel`` gives the sessions the interface that
-seq2seq.greedy.NextToken steps (``encode``, ``start_cache``, ``decode_step``, ``project``), so
+seq2seq.decoding.greedy.NextToken steps (``encode``, ``start_cache``, ``decode_step``, ``project``), so
 greedy decoding and beam search are the suite's own code, unchanged.
 
 Shape legend:
@@ -44,7 +44,7 @@ try:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 except ImportError as error:  # the optional extra
     raise ImportError(
-        'seq2seq.engines.onnx_runtime needs onnxruntime, onnx and onnxscript: pip install -e ".[deploy]"'
+        'seq2seq.deploy.onnx_runtime needs onnxruntime, onnx and onnxscript: pip install -e ".[deploy]"'
     ) from error
 import numpy as np
 import torch
@@ -54,7 +54,7 @@ from common import checks
 from common.cache import LayerCache, batch_first, type_and_shape
 from common.config import TransformerConfig
 from common.weights import export_weights, import_weights
-from seq2seq.engines.saved import check_source_ids, load_config, save_config
+from seq2seq.deploy.export_config import check_source_ids, load_config, save_config
 from variants import build
 
 GRAPHS = ("encoder", "start", "step", "generator")

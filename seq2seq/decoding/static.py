@@ -1,5 +1,5 @@
 """Greedy decoding on a static-shape cached step, for ``torch.compile(mode="reduce-overhead")`` to
-capture as a CUDA graph: the same tokens as ``seq2seq.greedy.greedy_decode``.
+capture as a CUDA graph: the same tokens as ``seq2seq.decoding.greedy.greedy_decode``.
 
     decode = StaticGreedy(model.eval(), max_len=20, bos_id=1, eos_id=2,
                           compile_mode="reduce-overhead")       # or None: eager
@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from common.cache import batch_first
 from common.checks import ids_range_checked
-from seq2seq.greedy import check_arguments
+from seq2seq.decoding.greedy import check_arguments
 
 STATIC_METHODS = ("start_static_cache", "static_step")
 

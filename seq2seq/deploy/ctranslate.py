@@ -3,7 +3,7 @@
 
     export_ctranslate2(model, "ct2-model", bos_id=1, eos_id=V - 1)
     engine = CTranslate2Model("ct2-model", compute_type="int8")
-    tokens = engine.greedy(src, max_len=20)            # (B, L), as seq2seq.greedy.greedy_decode
+    tokens = engine.greedy(src, max_len=20)            # (B, L), as seq2seq.decoding.greedy.greedy_decode
     best = engine.beam(src, max_len=20, alpha=0.6)     # Hypotheses: tokens (B, L), scores (B,)
 
 Ids become the token strings ``"<id>"``. What the spec sets explicitly, because CTranslate2's
@@ -19,7 +19,7 @@ defaults differ from the suite's function:
   ``max_input_length=0`` (default 1024 truncates); ``return_end_token`` to tell EOS from the
   length limit.
 
-Beam search differs from seq2seq.beam in its length penalty and its stopping rule: a
+Beam search differs from seq2seq.decoding.beam in its length penalty and its stopping rule: a
 hypothesis scores log P / |Y|^alpha (|Y| the generated ids, EOS included), not
 GNMT's ((5 + |Y|) / 6)^alpha, and the search runs until ``beam_size`` hypotheses have finished.
 ``beam`` returns CTranslate2's best hypothesis and its own score (docs/deployment.md).
@@ -38,7 +38,7 @@ try:
     from ctranslate2.specs import attention_spec, common_spec
     from ctranslate2.specs import transformer_spec as specs
 except ImportError as error:  # the optional extra
-    raise ImportError('seq2seq.engines.ctranslate needs ctranslate2: pip install -e ".[deploy]"') from error
+    raise ImportError('seq2seq.deploy.ctranslate needs ctranslate2: pip install -e ".[deploy]"') from error
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -46,9 +46,9 @@ from torch import Tensor, nn
 from common.config import TransformerConfig
 from common.positions import sinusoid_table
 from common.weights import export_weights
-from seq2seq.beam import Hypotheses
-from seq2seq.engines.saved import check_source_ids, load_config, real_lengths, save_config
-from seq2seq.greedy import check_arguments
+from seq2seq.decoding.beam import Hypotheses
+from seq2seq.decoding.greedy import check_arguments
+from seq2seq.deploy.export_config import check_source_ids, load_config, real_lengths, save_config
 
 COMPUTE_TYPES = ("float32", "int8")  # the precisions the decode rows run: the weights' own, and int8
 
@@ -166,7 +166,7 @@ def export_ctranslate2(model: nn.Module, directory: str | Path, *, bos_id: int, 
 
 class CTranslate2Model:
     """A saved export, loaded by ``ctranslate2.Translator`` on the CPU; decodes (B, S) id tensors
-    into the layout of seq2seq.greedy and seq2seq.beam."""
+    into the layout of seq2seq.decoding.greedy and seq2seq.decoding.beam."""
 
     def __init__(self, directory: str | Path, *, compute_type: str = "float32", threads: int = 1) -> None:
         if compute_type not in COMPUTE_TYPES:
@@ -222,7 +222,7 @@ class CTranslate2Model:
 
     def beam(self, src: Tensor, *, max_len: int, beam_size: int = 4, alpha: float = 0.6) -> Hypotheses:
         """CTranslate2's beam search: its best hypothesis of each source and its score,
-        log P / |Y|^alpha (see the module docstring for how this differs from seq2seq.beam)."""
+        log P / |Y|^alpha (see the module docstring for how this differs from seq2seq.decoding.beam)."""
         results = self._run(src, max_len, beam_size=beam_size, length_penalty=alpha, return_scores=True)
         scores = torch.tensor([r.scores[0] for r in results])  # (B,)
         return Hypotheses(self._rows([r.hypotheses[0] for r in results]), scores)

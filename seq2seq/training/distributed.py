@@ -127,7 +127,7 @@ def shard(batch: Tensor, world: World) -> Tensor:
     """This rank's rows of ``batch``: consecutive blocks, which together are the whole batch.
 
     Blocks differ by at most one row when ``size`` does not divide the batch; the loss is
-    weighted by token counts (``seq2seq.recipe.train_step``), so uneven blocks are fine.
+    weighted by token counts (``seq2seq.training.recipe.train_step``), so uneven blocks are fine.
     """
     rows = batch.shape[0]
     if rows < world.size:

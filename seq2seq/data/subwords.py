@@ -7,7 +7,7 @@ memory and carried inside the model file.
     tensor = vocabulary.to_tensor()              # the serialized model, as uint8 (for checkpoints)
     Vocabulary.from_tensor(tensor).encode(...)   # the same vocabulary, anywhere
 
-Ids 0, 1, 2 are PAD, BOS and EOS (``seq2seq.tasks``' ``PAD_ID``, ``BOS_ID``, ``EOS_ID``) and 3
+Ids 0, 1, 2 are PAD, BOS and EOS (``seq2seq.data.ids``) and 3
 is the unknown piece. sentencepiece normalises nothing here (its ``identity`` rule): the corpus
 loader has already normalised the text, so ``decode(encode(s)) == s`` for a normalised ``s``
 whose characters the vocabulary covers (``character_coverage`` 1.0: every character of the
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from seq2seq.tasks import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 
 UNK_ID = 3
 MODEL_TYPES: tuple[str, ...] = ("bpe", "unigram")

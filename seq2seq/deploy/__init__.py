@@ -3,10 +3,10 @@ to CTranslate2, and decoded there, proven to give the suite's tokens (docs/deplo
 
     onnx_runtime  export_onnx(model, directory); OnnxRuntimeModel(directory): encode,
                   start_cache, decode_step and project as ONNX Runtime sessions, so that
-                  seq2seq.greedy.greedy_decode and seq2seq.beam.beam_search drive it unchanged
+                  seq2seq.decoding's greedy_decode and beam_search drive it unchanged
     ctranslate    export_ctranslate2(model, directory, bos_id=, eos_id=); CTranslate2Model:
                   greedy and beam decoding by ctranslate2.Translator, in the suite's layout
-    saved         the suite's config written beside an export, and the source checks both share
+    export_config the suite's config written beside an export, and the source checks both share
 
 Both engines are the optional ``deploy`` extra (onnx, onnxscript, onnxruntime, ctranslate2);
 importing a module here without it raises ImportError naming the extra.

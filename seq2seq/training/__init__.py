@@ -1,0 +1,9 @@
+"""How a model learns: the paper's recipe, a run that checkpoints and resumes exactly, the same
+run over several processes, and the average of its last checkpoints.
+
+    recipe       Recipe, the learning-rate schedule, Adam, the smoothed loss, train_step, StepReport
+    trainer      Trainer (a run in progress, checkpointed and restored exactly), train, seed_dropout
+    distributed  torchrun's world, the process group, batch shards and sums over ranks (DDP)
+    checkpoint   checkpoints that resume a run exactly, model files any variant loads
+    averaging    checkpoint averaging (paper section 6.1): average_weights, average_files
+"""
