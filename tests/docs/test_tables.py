@@ -73,7 +73,7 @@ def assert_page_shows(script: str, page_section: str) -> None:
 
 @pytest.mark.slow  # regenerates every deviation of the table (about 6 s)
 def test_deviation_table_matches_the_script():
-    assert_page_shows("deviations", section("Deviations from the sources", DOCS / "variants.md"))
+    assert_page_shows("deviations", section("Deviations from the sources", DOCS / "deviations.md"))
 
 
 def test_low_precision_table_is_what_the_script_prints_of_its_measurement(monkeypatch, capsys):
