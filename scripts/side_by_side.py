@@ -1,0 +1,460 @@
+"""Write the README's concept map as one page: each concept's equation above the three styles' code.
+
+    python -m scripts.side_by_side                 # writes docs/side-by-side.html and .md
+    python -m scripts.side_by_side --screenshot    # and docs/images/side-by-side.png (Chromium)
+
+The rows are the concept map's (README.md, "Concept map"); each linked symbol's code is read
+from the live source with ``ast`` (the lines ``inspect.getsource`` gives: decorators to the last
+line of the body), so the page follows the code when it changes. The equation of a paper concept
+is the first paragraph of mathfirst's docstring for it, which cites the paper's section. The
+lines that carry a style are marked: the calls the concept map's test knows each style by
+(``.view``/``.transpose``, ``einsum`` strings, mathfirst's ``einsum``/``rearrange`` patterns).
+The HTML is one static file (Pygments' CSS embedded, no script); both pages link the source
+relative to the repository, and nothing in them depends on the machine or the time.
+"""
+
+from __future__ import annotations
+
+import ast
+import html
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import PythonLexer
+
+from common.cli import Parser, first_line
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML_PAGE = Path("docs/side-by-side.html")
+MARKDOWN_PAGE = Path("docs/side-by-side.md")
+SCREENSHOT = Path("docs/images/side-by-side.png")
+COMMAND = "python -m scripts.side_by_side"
+# The concept map's columns after the concept, in order; the first three are the teaching styles.
+COLUMNS = ("explicit", "einsum", "mathfirst", "torch reference")
+STYLES = COLUMNS[:3]
+EQUATION_COLUMN = "mathfirst"
+# The calls that carry each style (as tests/docs/test_concept_map.py knows them), and how the
+# page names them.
+STYLE_CALLS = {"explicit": {"view", "transpose"}, "einsum": {"einsum"},
+               "mathfirst": {"einsum", "rearrange"}}
+STYLE_WORDS = {"explicit": "`.view`/`.transpose`", "einsum": "the `einsum` strings",
+               "mathfirst": "the `einsum`/`rearrange` patterns"}
+# [`symbol`](file.py): the concept map's links (the pattern of tests/docs/pages.py's LINK)
+LINK = re.compile(r"\[`([\w.]+)`\]\(([\w./-]+\.py)\)")
+CODE_SPAN = re.compile(r"`([^`\n]+)`")
+SECTION_NUMBER = re.compile(r"\((\d+(?:\.\d+)*)\)")  # "(3.2.1)": a concept of the paper
+BROWSER_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+SCREENSHOT_SIZE = (1600, 1000)
+SCREENSHOT_CONCEPT = "scaled dot-product attention"
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """One symbol the concept map names, as its file defines it now."""
+
+    name: str  # "Class.method", "function", "Class.attribute"
+    path: str  # relative to the repository, with "/"
+    first: int  # the first line of its source (a decorator's, if any)
+    line: int  # the line of its def, class or assignment
+    last: int
+    source: str  # lines first..last, as inspect.getsource gives them
+    docstring: str | None
+
+
+@dataclass(frozen=True)
+class Cell:
+    column: str
+    text: str  # the concept map's Markdown
+    symbols: tuple[Symbol, ...]
+
+
+@dataclass(frozen=True)
+class Concept:
+    title: str  # the concept map's Markdown
+    equation: str | None  # the paper's, as mathfirst's docstring writes it
+    equation_symbol: Symbol | None
+    cells: tuple[Cell, ...]  # one per COLUMNS
+
+
+def concept_map_rows(readme: str) -> list[list[str]]:
+    """The concept map's body rows, each as its cells' Markdown: the concept, then COLUMNS."""
+    match = re.search(r"^## Concept map\n(.*?)(?=^## |\Z)", readme, flags=re.M | re.S)
+    if not match:
+        raise ValueError("README.md has no '## Concept map' section")
+    rows = [line for line in match.group(1).splitlines()
+            if line.startswith("| ") and not line.startswith("| concept")]
+    cells = [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
+    for row in cells:
+        if len(row) != 1 + len(COLUMNS):
+            raise ValueError(f"concept map row {row[0]!r} has {len(row)} cells, not {1 + len(COLUMNS)}")
+    if not cells:
+        raise ValueError("README.md's concept map has no rows")
+    return cells
+
+
+def find_symbol(root: Path, path: str, name: str) -> Symbol:
+    """``name`` (``function``, ``Class``, ``Class.member``) as ``path`` defines it."""
+    file = root / path
+    if not file.is_file():
+        raise ValueError(f"the concept map links {path}, which does not exist")
+    text = file.read_text(encoding="utf-8")
+    scope: list[ast.stmt] = ast.parse(text).body
+    *classes, last_name = name.split(".")
+    node: ast.stmt | None = None
+    for class_name in classes:
+        found = [n for n in scope if isinstance(n, ast.ClassDef) and n.name == class_name]
+        if not found:
+            raise ValueError(f"{path} defines no class {class_name} (the concept map names {name})")
+        scope = found[0].body
+    for candidate in scope:
+        if isinstance(candidate, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [candidate.name]
+        elif isinstance(candidate, ast.AnnAssign):
+            names = [candidate.target.id] if isinstance(candidate.target, ast.Name) else []
+        elif isinstance(candidate, ast.Assign):
+            names = [t.id for t in candidate.targets if isinstance(t, ast.Name)]
+        else:
+            names = []
+        if last_name in names:
+            node = candidate
+    if node is None:
+        raise ValueError(f"{path} defines no {name} (the concept map names it)")
+    decorators = getattr(node, "decorator_list", [])
+    first = decorators[0].lineno if decorators else node.lineno
+    lines = text.splitlines(keepends=True)
+    docstring = (ast.get_docstring(node)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None)
+    return Symbol(name, path, first, node.lineno, node.end_lineno,
+                  "".join(lines[first - 1:node.end_lineno]), docstring)
+
+
+def class_docstring(root: Path, symbol: Symbol) -> str | None:
+    """The docstring of the class ``symbol`` is a member of, or None for a top-level symbol."""
+    if "." not in symbol.name:
+        return None
+    return find_symbol(root, symbol.path, symbol.name.rsplit(".", 1)[0]).docstring
+
+
+def equation(root: Path, title: str, cell: Cell) -> tuple[str | None, Symbol | None]:
+    """The paper's equation for a concept of the paper (its title cites a section): the first
+    paragraph of the first docstring of mathfirst's cell that cites a section (the symbols' own
+    first, then their classes'), else of the first docstring there is."""
+    if not SECTION_NUMBER.search(title):
+        return None, None
+    found = [(symbol.docstring, symbol) for symbol in cell.symbols]
+    found += [(class_docstring(root, symbol), symbol) for symbol in cell.symbols]
+    found = [(doc, symbol) for doc, symbol in found if doc]
+    cited = [(doc, symbol) for doc, symbol in found if "section" in doc.split("\n\n")[0]]
+    if not (cited or found):
+        return None, None
+    doc, symbol = (cited or found)[0]
+    return doc.split("\n\n")[0].strip(), symbol
+
+
+def concepts(root: Path = ROOT) -> list[Concept]:
+    """Every row of the concept map, each linked symbol read from the source under ``root``."""
+    rows = concept_map_rows((root / "README.md").read_text(encoding="utf-8"))
+    result = []
+    for title, *texts in rows:
+        cells = tuple(Cell(column, text, tuple(find_symbol(root, path, name)
+                                               for name, path in LINK.findall(text)))
+                      for column, text in zip(COLUMNS, texts, strict=True))
+        paper, symbol = equation(root, title, cells[COLUMNS.index(EQUATION_COLUMN)])
+        result.append(Concept(title, paper, symbol, cells))
+    return result
+
+
+def style_lines(symbol: Symbol, column: str) -> list[int]:
+    """The file's line numbers, within ``symbol``, of every call that carries ``column``'s style."""
+    calls = STYLE_CALLS.get(column, set())
+    tree = ast.parse(textwrap.dedent(symbol.source))
+    lines = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if called in calls:
+                lines.update(range(node.lineno, node.end_lineno + 1))
+    return sorted(line + symbol.first - 1 for line in lines)
+
+
+def spans(lines: list[int]) -> list[tuple[int, int]]:
+    """Consecutive line numbers as (first, last) runs."""
+    runs: list[tuple[int, int]] = []
+    for line in lines:
+        if runs and line == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], line)
+        else:
+            runs.append((line, line))
+    return runs
+
+
+def lines_text(lines: list[int]) -> str:
+    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in spans(lines))
+
+
+def plain(markdown: str) -> str:
+    """A concept map cell without its links' targets and code spans' backticks."""
+    return CODE_SPAN.sub(r"\1", re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown))
+
+
+def slug(title: str) -> str:
+    """GitHub's anchor for a heading (as tests/docs/pages.py computes it)."""
+    text = plain(title).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def markdown_cell(markdown: str, prefix: str) -> str:
+    """A concept map cell for a page one folder down: its relative links get ``prefix``."""
+    return re.sub(r"\]\(((?!#|[a-z]+:)[^)]*)\)", lambda m: f"]({prefix}{m.group(1)})", markdown)
+
+
+def html_cell(markdown: str, prefix: str) -> str:
+    """A concept map cell as HTML: its links and code spans, everything else escaped."""
+    parts, last = [], 0
+    for match in re.finditer(r"\[`([^`]*)`\]\(([^)]*)\)|`([^`\n]+)`", markdown):
+        parts.append(html.escape(markdown[last:match.start()]))
+        if match.group(3) is not None:
+            parts.append(f"<code>{html.escape(match.group(3))}</code>")
+        else:
+            href = match.group(2) if match.group(2).startswith("#") else prefix + match.group(2)
+            parts.append(f'<a href="{html.escape(href)}"><code>{html.escape(match.group(1))}</code></a>')
+        last = match.end()
+    parts.append(html.escape(markdown[last:]))
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- HTML
+
+CSS = """
+body { margin: 0; font: 15px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328;
+       background: #fff; }
+main { box-sizing: border-box; max-width: 1800px; margin: 0 auto; padding: 12px 20px 40px; }
+h1 { font-size: 24px; margin: 0 0 6px; }
+h2 { font-size: 19px; margin: 0 0 6px; }
+h3 { font-size: 15px; margin: 0 0 4px; }
+p { margin: 4px 0; }
+code { font: 13px/1.4 ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; }
+nav { margin: 8px 0 4px; font-size: 14px; }
+nav a { white-space: nowrap; margin-right: 10px; }
+section.concept { border-top: 2px solid #d0d7de; padding-top: 12px; margin-top: 18px; }
+.equation { margin: 4px 0 10px; padding: 6px 10px; background: #f6f8fa; border-left: 3px solid #8250df;
+            white-space: pre-wrap; overflow-wrap: anywhere; font: 14px/1.45 ui-monospace,
+            "DejaVu Sans Mono", Menlo, Consolas, monospace; }
+.equation .from { display: block; font: 12px/1.4 system-ui, sans-serif; color: #57606a; }
+.columns { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 14px; }
+.column { min-width: 0; }
+.reference { margin-top: 10px; }
+.block { margin: 6px 0 10px; }
+.where { font-size: 12px; color: #57606a; margin: 2px 0; }
+.where a { color: #0969da; }
+.highlight { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 4px; }
+.highlight pre { margin: 0; padding: 6px 8px; white-space: pre-wrap; overflow-wrap: anywhere;
+                 font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; }
+/* one block per source line: a line too long for its column wraps under its own text */
+.highlight code > span { display: block; padding-left: 9ch; text-indent: -9ch; }
+.highlight .hll { display: block; background-color: #fff1a8; }
+.highlight .linenos { display: inline-block; width: 4ch; margin-right: 1ch; text-indent: 0;
+                      text-align: right; color: #8c959f; user-select: none; }
+.legend .hll { background-color: #fff1a8; padding: 0 4px; }
+"""
+
+
+def source_link(symbol: Symbol) -> str:
+    """A link to the line that defines ``symbol``, relative to docs/, its text file:line."""
+    return (f'<a class="source" data-symbol="{html.escape(symbol.name)}" '
+            f'href="../{symbol.path}#L{symbol.line}">{symbol.path}:{symbol.line}</a>')
+
+
+def code_html(symbol: Symbol, column: str, block_id: str) -> str:
+    marked = [line - symbol.first + 1 for line in style_lines(symbol, column)]
+    formatter = HtmlFormatter(linenos="inline", linenostart=symbol.first, hl_lines=marked,
+                              wrapcode=True, linespans=block_id)
+    where = (f'<p class="where"><code>{html.escape(symbol.name)}</code> · '
+             f"{source_link(symbol)}")
+    if marked:
+        where += f" · style: lines {lines_text(style_lines(symbol, column))}"
+    return f'<div class="block">{where}</p>\n{highlight(symbol.source, PythonLexer(), formatter)}</div>'
+
+
+def column_html(cell: Cell, css_class: str, concept_id: str) -> str:
+    column_id = f"{concept_id}-{cell.column.split()[0]}"
+    blocks = "\n".join(code_html(symbol, cell.column, f"{column_id}-{k}")
+                       for k, symbol in enumerate(cell.symbols, start=1))
+    return (f'<div class="{css_class}" data-column="{html.escape(cell.column)}">'
+            f"<h3>{html.escape(cell.column)}</h3><p>{html_cell(cell.text, '../')}</p>\n{blocks}</div>")
+
+
+def concept_html(concept: Concept) -> str:
+    concept_id = slug(concept.title)
+    parts = [f'<section class="concept" id="{concept_id}">',
+             f"<h2>{html_cell(concept.title, '../')}</h2>"]
+    if concept.equation:
+        source = concept.equation_symbol
+        parts.append(f'<div class="equation">{html.escape(concept.equation)}'
+                     f'<span class="from">the paper, as mathfirst\'s <code>{html.escape(source.name)}</code> '
+                     f"writes it ({source_link(source)})"
+                     f"</span></div>")
+    styles = [cell for cell in concept.cells if cell.column in STYLES]
+    columns = "\n".join(column_html(cell, "column", concept_id) for cell in styles)
+    parts.append(f'<div class="columns">\n{columns}\n</div>')
+    parts += [column_html(cell, "reference", concept_id)
+              for cell in concept.cells if cell.column not in STYLES]
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def render_html(rows: list[Concept]) -> str:
+    style = HtmlFormatter().get_style_defs(".highlight")
+    nav = " ".join(f'<a href="#{slug(c.title)}">{html.escape(plain(c.title))}</a>' for c in rows)
+    body = "\n".join(concept_html(concept) for concept in rows)
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>The three styles side by side</title>
+<style>
+{style}
+{CSS.strip()}
+</style>
+</head>
+<body>
+<main>
+<h1>The three styles side by side</h1>
+<p>Each concept of the paper: its equation as mathfirst's docstring writes it, then the code of
+explicit, einsum and mathfirst in three columns, and the torch reference's beneath them. The rows
+and symbols are the <a href="../README.md#concept-map">README's concept map</a>; the code is the
+live source, with each file's line numbers. <span class="legend"><span class="hll">Marked lines</span>
+carry the style: <code>.view</code>/<code>.transpose</code> in explicit, the <code>einsum</code>
+strings in einsum, the <code>einsum</code>/<code>rearrange</code> patterns in mathfirst.</span>
+Written by <code>{COMMAND}</code>; the same in Markdown: <a href="side-by-side.md">side-by-side.md</a>.</p>
+<nav>{nav}</nav>
+{body}
+</main>
+</body>
+</html>
+"""
+
+
+# ---------------------------------------------------------------- Markdown
+
+def code_markdown(symbol: Symbol, column: str) -> str:
+    marked = style_lines(symbol, column)
+    where = f"`{symbol.name}` at [{symbol.path}:{symbol.line}](../{symbol.path})"
+    if marked:
+        where += f"; {STYLE_WORDS[column]} on lines {lines_text(marked)}"
+    return f"{where}:\n\n```python\n{symbol.source}```\n"
+
+
+def concept_markdown(concept: Concept) -> str:
+    parts = [f"## {plain(concept.title)}\n"]
+    if concept.equation:
+        source = concept.equation_symbol
+        parts.append(f"The paper, as mathfirst's `{source.name}` writes it at "
+                     f"[{source.path}:{source.line}](../{source.path}):\n\n```text\n{concept.equation}\n```\n")
+    for cell in concept.cells:
+        parts.append(f"**{cell.column}**: {markdown_cell(cell.text, '../')}\n")
+        parts += [code_markdown(symbol, cell.column) for symbol in cell.symbols]
+    return "\n".join(parts)
+
+
+def render_markdown(rows: list[Concept]) -> str:
+    contents = "\n".join(f"- [{plain(c.title)}](#{slug(c.title)})" for c in rows)
+    body = "\n".join(concept_markdown(concept) for concept in rows)
+    return f"""# The three styles side by side
+
+This page covers each concept of the paper as the three styles write it: the equation as
+mathfirst's docstring gives it, then the code of explicit, einsum and mathfirst (and the torch
+reference's where it has code of its own), one after another. The rows and symbols are the
+[README's concept map](../README.md#concept-map), the code is the live source with its file and
+line, and `{COMMAND}` writes this page and its column view,
+[side-by-side.html](side-by-side.html) (a static file: open it from a clone), which looks like this:
+
+![The scaled dot-product attention row of side-by-side.html in three columns](images/side-by-side.png)
+
+The lines that carry each style are listed under its code: {STYLE_WORDS["explicit"]} in explicit,
+{STYLE_WORDS["einsum"]} in einsum, {STYLE_WORDS["mathfirst"]} in mathfirst.
+
+{contents}
+
+{body}"""
+
+
+# ---------------------------------------------------------------- writing and the browser
+
+def pages(root: Path = ROOT) -> dict[Path, str]:
+    """What the command writes: {path relative to ``root``: text}."""
+    rows = concepts(root)
+    return {HTML_PAGE: render_html(rows), MARKDOWN_PAGE: render_markdown(rows)}
+
+
+def find_browser() -> str | None:
+    """A Chromium-family browser on PATH, or None."""
+    return next((found for name in BROWSER_NAMES if (found := shutil.which(name))), None)
+
+
+def headless(browser: str, *arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the browser headless with ``arguments``; its stdout is text."""
+    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--no-first-run", "--disable-extensions", *arguments]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def screenshot(page: Path, png: Path, browser: str, size: tuple[int, int] = SCREENSHOT_SIZE,
+               concept: str = SCREENSHOT_CONCEPT) -> None:
+    """A ``size`` screenshot of ``page`` showing its head and ``concept``'s row. Headless
+    Chromium shoots a scrolled page blank, so a copy beside it (the same folder, so the same
+    relative links) hides the other rows instead of scrolling past them."""
+    png.parent.mkdir(parents=True, exist_ok=True)
+    only = f'<style>section.concept:not([id^="{slug(concept)}"]) {{ display: none; }}</style>'
+    text = page.read_text(encoding="utf-8").replace("</head>", f"{only}\n</head>")
+    with tempfile.TemporaryDirectory() as profile, \
+            tempfile.NamedTemporaryFile("w", suffix=".html", dir=page.parent, encoding="utf-8") as copy:
+        copy.write(text)
+        copy.flush()
+        headless(browser, f"--user-data-dir={profile}", f"--window-size={size[0]},{size[1]}",
+                 f"--screenshot={png.resolve()}", Path(copy.name).as_uri())
+    if not png.is_file():
+        raise RuntimeError(f"{browser} wrote no screenshot to {png}")
+
+
+def write(root: Path = ROOT) -> list[Path]:
+    written = []
+    for path, text in pages(root).items():
+        (root / path).write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = Parser(prog=COMMAND, description=__doc__.splitlines()[0])
+    parser.add_argument("--screenshot", action="store_true",
+                        help=f"also write {SCREENSHOT} with headless Chromium")
+    args = parser.parse_args(argv)
+    browser = find_browser()
+    if args.screenshot and browser is None:
+        parser.error("--screenshot needs Chromium on PATH (apt-get install -y chromium)")
+    try:
+        written = write(ROOT)
+        if args.screenshot:
+            screenshot(ROOT / HTML_PAGE, ROOT / SCREENSHOT, browser)
+            written.append(SCREENSHOT)
+    except (ValueError, OSError, RuntimeError, subprocess.SubprocessError) as error:
+        print(f"{COMMAND}: {first_line(error)}", file=sys.stderr)
+        return 1
+    for path in written:
+        print(f"wrote {path} ({(ROOT / path).stat().st_size:,} bytes)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""The side-by-side pages (docs/side-by-side.html and .md) cannot go stale or lie: they are what
+``python -m scripts.side_by_side`` writes now; they hold every concept of the README's concept
+map; each code cell is ``inspect.getsource`` of the symbol the map names, marks the lines that
+carry its style, and links the line of that symbol's definition. In a real browser (slow) the
+three columns stand side by side at a desktop width, nothing overflows, every block shows."""
+
+from __future__ import annotations
+
+import ast
+import html
+import importlib
+import inspect
+import itertools
+import json
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from scripts import side_by_side
+from tests.docs.pages import DOCS, LINK, ROOT, section, slug
+
+HTML_PAGE = DOCS / "side-by-side.html"
+MARKDOWN_PAGE = DOCS / "side-by-side.md"
+COLUMNS = ("explicit", "einsum", "mathfirst", "torch reference")  # the concept map's, in order
+# A line that makes a style's call, written independently of the script's ast walk.
+STYLE_LINE = {"explicit": re.compile(r"\.(view|transpose)\("), "einsum": re.compile(r"\beinsum\("),
+              "mathfirst": re.compile(r"\b(einsum|rearrange)\(")}
+ATTENTION_ROWS = ("scaled dot-product attention", "head split and merge")
+REGENERATE = "run `python -m scripts.side_by_side` and commit both pages"
+
+
+def map_rows() -> list[list[str]]:
+    """The concept map's body rows, split into cells, as tests/docs reads them."""
+    return [[cell.strip() for cell in line.strip("|").split("|")]
+            for line in section("Concept map").splitlines()
+            if line.startswith("| ") and not line.startswith("| concept")]
+
+
+def plain(markdown: str) -> str:
+    return re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", markdown).replace("`", "")
+
+
+# ---------------------------------------------------------------- reading the pages back
+
+def html_sections(page: str) -> dict[str, str]:
+    """{section id: its HTML} for each concept's section, in page order."""
+    found = re.findall(r'<section class="concept" id="([^"]+)">(.*?)</section>', page, flags=re.S)
+    return dict(found)
+
+
+def html_blocks(section_html: str) -> list[dict]:
+    """Each code block of a section: its column, symbol, link, code text and marked lines."""
+    blocks = []
+    for column, body in re.findall(r'<div class="(?:column|reference)" data-column="([^"]+)">(.*?)'
+                                   r'(?=<div class="(?:column|reference)" data-column=|\Z)',
+                                   section_html, flags=re.S):
+        for name, href, text, pre in re.findall(
+                r'<p class="where"><code>([^<]+)</code> · <a class="source" [^>]*href="([^"]+)">([^<]+)</a>'
+                r".*?<pre>(.*?)</pre>", body, flags=re.S):
+            lines = re.findall(r'<span id="[^"]+">(.*?)\n</span>', pre, flags=re.S)
+            numbers = [int(html.unescape(re.search(r'<span class="linenos">\s*(\d+)</span>', line)[1]))
+                       for line in lines]
+            code = "".join(html.unescape(re.sub(r"<[^>]+>", "", re.sub(
+                r'<span class="linenos">[^<]*</span>', "", line))) + "\n" for line in lines)
+            marked = [number for number, line in zip(numbers, lines, strict=True) if 'class="hll"' in line]
+            blocks.append({"column": html.unescape(column), "symbol": name, "href": href,
+                           "text": text, "code": code, "numbers": numbers, "marked": marked})
+    return blocks
+
+
+def markdown_sections(page: str) -> dict[str, str]:
+    """{heading: its text} for each level-2 section of the Markdown page."""
+    return dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", page, flags=re.M | re.S))
+
+
+def markdown_blocks(section_text: str) -> list[dict]:
+    """Each code block of a section: its symbol, file:line link and code."""
+    return [{"symbol": name, "text": text, "target": target, "code": code}
+            for name, text, target, code in re.findall(
+                r"^`([\w.]+)` at \[([^\]]+)\]\(([^)]+)\).*?:\n\n```python\n(.*?)```$",
+                section_text, flags=re.M | re.S)]
+
+
+def live_object(path: str, symbol: str):
+    """The object ``symbol`` names in the module at ``path``, and the object that holds it."""
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    holder, obj = None, module
+    for part in symbol.split("."):
+        holder, obj = obj, getattr(obj, part)
+    return module, holder, obj
+
+
+def expected_source(path: str, symbol: str) -> str:
+    """``inspect.getsource`` of the symbol; for a class attribute, which it cannot give, the
+    statement that assigns it, checked to rebuild the live value."""
+    module, holder, obj = live_object(path, symbol)
+    if inspect.isfunction(obj) or inspect.isclass(obj) or inspect.ismethod(obj):
+        return inspect.getsource(obj)
+    owner = inspect.getsource(holder).splitlines(keepends=True)
+    name = symbol.rsplit(".", 1)[-1]
+    start = next(i for i, line in enumerate(owner) if re.match(rf"\s+{name}\s*[:=]", line))
+    for end in range(start + 1, len(owner) + 1):
+        statement = "".join(owner[start:end])
+        try:
+            node = ast.parse(statement.strip()).body[0]
+        except SyntaxError:
+            continue
+        value = eval(compile(ast.Expression(node.value), path, "eval"), vars(module))
+        assert value == obj, f"{path}::{symbol}: the assignment does not give the live value"
+        return statement
+    raise AssertionError(f"{path}::{symbol}: no complete assignment found")
+
+
+@pytest.fixture(scope="module")
+def page() -> str:
+    return HTML_PAGE.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def markdown() -> str:
+    return MARKDOWN_PAGE.read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------- the tests
+
+def test_committed_pages_are_what_the_command_writes():
+    """Edit a variant, the concept map or the script, and the committed pages are stale."""
+    for path, text in side_by_side.pages().items():
+        committed = (ROOT / path).read_text(encoding="utf-8")
+        assert committed == text, f"{path} is not what the command writes now: {REGENERATE}"
+
+
+def test_pages_carry_no_machine_paths_or_times(page, markdown):
+    for text in (page, markdown):
+        assert str(ROOT) not in text and "file://" not in text and "/home/" not in text
+        assert not re.search(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d:\d\d\b", text), "a date or time"
+
+
+def test_every_concept_of_the_map_has_a_section_in_order(page, markdown):
+    concepts = [row[0] for row in map_rows()]
+    assert len(concepts) >= 15
+    assert list(html_sections(page)) == [slug(concept) for concept in concepts]
+    assert list(markdown_sections(markdown)) == [plain(concept) for concept in concepts]
+    for concept, section_html in zip(concepts, html_sections(page).values(), strict=True):
+        columns = re.findall(r'data-column="([^"]+)"', section_html)
+        assert columns == list(COLUMNS), f"{concept}: columns {columns}"
+
+
+@pytest.mark.parametrize("form", ["html", "markdown"])
+def test_every_cell_is_the_source_of_the_symbols_the_map_names(form, page, markdown):
+    """Each row shows one block per symbol its cells link, in the map's order, and each block's
+    code is ``inspect.getsource`` of that symbol (the file's line numbers beside it)."""
+    if form == "html":
+        sections = list(html_sections(page).values())
+        blocks_of = html_blocks
+    else:
+        sections = list(markdown_sections(markdown).values())
+        blocks_of = markdown_blocks
+    rows = map_rows()
+    assert len(sections) == len(rows)
+    checked = 0
+    for row, text in zip(rows, sections, strict=True):
+        blocks = blocks_of(text)
+        named = [(symbol, path) for cell in row[1:] for symbol, path in LINK.findall(cell)]
+        assert [block["symbol"] for block in blocks] == [symbol for symbol, _ in named], row[0]
+        for block, (symbol, path) in zip(blocks, named, strict=True):
+            expected = expected_source(path, symbol)
+            assert block["code"] == expected, f"{row[0]}: the code of {path}::{symbol} differs"
+            assert block["text"].startswith(f"{path}:")
+            if form == "html":
+                first = block["numbers"][0]
+                assert block["numbers"] == list(range(first, first + expected.count("\n")))
+            checked += 1
+    assert checked >= 40
+
+
+def test_every_column_of_a_row_is_the_maps_cell(page):
+    """The HTML's three columns hold the explicit, einsum and mathfirst cells in that order."""
+    for row, section_html in zip(map_rows(), html_sections(page).values(), strict=True):
+        by_column: dict[str, list[str]] = {column: [] for column in COLUMNS}
+        for block in html_blocks(section_html):
+            by_column[block["column"]].append(block["symbol"])
+        for column, cell in zip(COLUMNS, row[1:], strict=True):
+            assert by_column[column] == [symbol for symbol, _ in LINK.findall(cell)], (row[0], column)
+
+
+def definition_line(file: Path, line: int, symbol: str) -> bool:
+    """Whether line ``line`` of ``file`` defines the last part of ``symbol``."""
+    lines = file.read_text(encoding="utf-8").splitlines()
+    if not 1 <= line <= len(lines):
+        return False
+    name = re.escape(symbol.rsplit(".", 1)[-1])
+    return bool(re.match(rf"\s*((async\s+)?def|class)\s+{name}\b|\s*{name}\s*[:=]", lines[line - 1]))
+
+
+def test_html_links_reach_files_definitions_and_anchors(page):
+    """Every link of the HTML page reaches a file (relative to docs/) or an id of the page; a
+    source link's #L line is the line its text names and the definition of its symbol."""
+    ids = set(re.findall(r' id="([^"]+)"', page))
+    hrefs = re.findall(r'href="([^"]+)"', page)
+    assert len(hrefs) > 100
+    for href in hrefs:
+        path, _, anchor = html.unescape(href).partition("#")
+        if not path:
+            assert anchor in ids, f"#{anchor} is no id of the page"
+            continue
+        assert (DOCS / path).exists(), f"{href}: no such file"
+        if anchor.startswith("L"):
+            assert (DOCS / path).suffix == ".py", href
+    sources = re.findall(r'<a class="source" data-symbol="([^"]+)" href="\.\./([^"#]+)#L(\d+)">([^<]+)</a>',
+                         page)
+    assert len(sources) >= 50 and len(sources) == page.count("#L")
+    for symbol, path, line, text in sources:
+        assert text == f"{path}:{line}", text
+        assert definition_line(ROOT / path, int(line), symbol), f"{text} is not where {symbol} is defined"
+
+
+def test_markdown_file_line_links_reach_definitions(markdown):
+    found = re.findall(r"`([\w.]+)` (?:writes it )?at \[([\w./-]+\.py):(\d+)\]\(([^)]+)\)", markdown)
+    assert len(found) >= 50 and len(found) == len(re.findall(r"\.py:\d+\]", markdown))
+    for symbol, path, line, target in found:
+        assert target == f"../{path}"
+        assert (MARKDOWN_PAGE.parent / target).resolve() == (ROOT / path).resolve()
+        assert definition_line(ROOT / path, int(line), symbol), f"{path}:{line} does not define {symbol}"
+
+
+def test_marked_lines_are_the_ones_that_carry_the_style(page):
+    """In the three style columns every line making the style's call is marked and every marked
+    run starts on such a line; the attention rows mark something in each column."""
+    sections = html_sections(page)
+    for concept_id, section_html in sections.items():
+        for block in html_blocks(section_html):
+            if block["column"] not in STYLE_LINE:
+                assert block["marked"] == [], f"{concept_id}: the reference marks lines"
+                continue
+            pattern = STYLE_LINE[block["column"]]
+            lines = dict(zip(block["numbers"], block["code"].splitlines(), strict=True))
+            calling = {n for n, line in lines.items() if pattern.search(line.split("#")[0])}
+            marked = set(block["marked"])
+            assert calling <= marked, f"{concept_id} {block['symbol']}: unmarked {sorted(calling - marked)}"
+            starts = [n for n in sorted(marked) if n - 1 not in marked]
+            assert all(n in calling for n in starts), f"{concept_id} {block['symbol']}: {sorted(marked)}"
+    for concept in ATTENTION_ROWS:
+        concept_id = next(key for key in sections if key.startswith(slug(concept)))
+        for column in STYLE_LINE:
+            assert any(block["marked"] for block in html_blocks(sections[concept_id])
+                       if block["column"] == column), f"{concept}: nothing marked in {column}"
+
+
+def test_each_paper_concept_shows_the_equation_from_mathfirsts_docstring(page):
+    """A concept that cites a section of the paper shows an equation, and the equation is text
+    of the docstring of the mathfirst symbol named beside it (or of that symbol's class)."""
+    equations = re.findall(r'<section class="concept" id="([^"]+)">.*?(?:<div class="equation">(.*?)'
+                           r'<span class="from">.*?data-symbol="([\w.]+)" href="\.\./([^"#]+)#|'
+                           r'<div class="columns">)', page, flags=re.S)
+    assert len(equations) == len(map_rows())
+    for row, (concept_id, equation, symbol, path) in zip(map_rows(), equations, strict=True):
+        if not re.search(r"\(\d+(\.\d+)*\)", row[0]):
+            assert not equation, f"{concept_id} is no concept of the paper but shows an equation"
+            continue
+        assert equation, f"{concept_id} shows no equation"
+        assert path.startswith("variants/mathfirst/") and symbol in row[3], (concept_id, symbol)
+        _, holder, obj = live_object(path, symbol)
+        docs = " ".join(inspect.getdoc(o) or "" for o in (obj, holder))
+        assert html.unescape(equation) in docs, f"{concept_id}: the equation is not {symbol}'s docstring"
+    attention = next(e for e in equations if e[0].startswith("scaled-dot-product-attention"))
+    assert "softmax(Q K" in html.unescape(attention[1]) and "eq. 1" in attention[1]
+
+
+def test_a_link_to_a_missing_symbol_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    (tmp_path / "variants").mkdir()
+    (tmp_path / "variants" / "m.py").write_text("def here():\n    pass\n", encoding="utf-8")
+    (tmp_path / "README.md").write_text(
+        "## Concept map\n\n| concept (paper §) | explicit | einsum | mathfirst | torch reference |\n"
+        "|---|---|---|---|---|\n| thing (3.1) | [`here`](variants/m.py) | [`gone`](variants/m.py) "
+        "| [`here`](variants/m.py) | x |\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"variants/m\.py defines no gone"):
+        side_by_side.concepts(tmp_path)
+    monkeypatch.setattr(side_by_side, "ROOT", tmp_path)
+    assert side_by_side.main([]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "defines no gone" in err and "Traceback" not in err
+    assert not (tmp_path / "docs").exists() or not any((tmp_path / "docs").iterdir())
+
+
+# ---------------------------------------------------------------- in a browser
+
+MEASURE = """<script>
+const box = e => e.getBoundingClientRect();
+const rows = [...document.querySelectorAll("section.concept")].map(s => ({
+  id: s.id,
+  columns: [...s.querySelectorAll(":scope > .columns > .column")].map(c => ({
+    top: box(c).top, left: box(c).left, right: box(c).right, width: box(c).width,
+    scrollWidth: c.scrollWidth, clientWidth: c.clientWidth}))}));
+const blocks = [...document.querySelectorAll(".highlight pre")].map(p => ({
+  left: box(p).left, right: box(p).right, width: box(p).width, height: box(p).height,
+  scrollWidth: p.scrollWidth, clientWidth: p.clientWidth, visible: p.checkVisibility({
+    checkOpacity: true, checkVisibilityCSS: true})}));
+const out = document.createElement("pre");
+out.id = "layout";
+out.textContent = JSON.stringify({viewport: window.innerWidth, rows, blocks,
+  pageScrollWidth: document.documentElement.scrollWidth,
+  pageClientWidth: document.documentElement.clientWidth});
+document.body.append(out);
+</script>"""
+WIDTH = 1600
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is no PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.slow  # starts Chromium twice (about 5 s)
+def test_in_chromium_the_columns_stand_side_by_side_and_nothing_overflows(page, tmp_path):
+    browser = side_by_side.find_browser()
+    if browser is None:
+        pytest.skip("no Chromium on PATH: apt-get install -y chromium (as root)")
+    measured = tmp_path / "measured.html"
+    measured.write_text(page.replace("</body>", MEASURE + "\n</body>"), encoding="utf-8")
+    dom = side_by_side.headless(browser, f"--user-data-dir={tmp_path / 'profile'}",
+                                f"--window-size={WIDTH},1000", "--dump-dom", measured.as_uri()).stdout
+    layout = json.loads(html.unescape(re.search(r'<pre id="layout">(.*?)</pre>', dom, flags=re.S)[1]))
+    assert layout["viewport"] == WIDTH
+    assert len(layout["rows"]) == len(map_rows())
+    for row in layout["rows"]:
+        columns = row["columns"]
+        assert len(columns) == 3, row["id"]
+        tops = [c["top"] for c in columns]
+        assert max(tops) - min(tops) < 1, f"{row['id']}: the columns' tops differ: {tops}"
+        for left, right in itertools.pairwise(columns):
+            assert left["right"] <= right["left"], f"{row['id']}: columns overlap or stack"
+        assert all(c["width"] > WIDTH / 4 for c in columns), f"{row['id']}: a column is narrow"
+        assert all(c["scrollWidth"] <= c["clientWidth"] for c in columns), f"{row['id']}: a column overflows"
+    assert layout["pageScrollWidth"] <= layout["pageClientWidth"], "the page scrolls sideways"
+    assert len(layout["blocks"]) == page.count('<div class="highlight">')
+    for block in layout["blocks"]:
+        assert block["visible"] and block["width"] > 0 and block["height"] > 0, block
+        assert block["left"] >= 0 and block["right"] <= WIDTH, block
+        assert block["scrollWidth"] <= block["clientWidth"], f"a code block overflows: {block}"
+    png = ROOT / side_by_side.SCREENSHOT  # the picture the Markdown page shows
+    side_by_side.screenshot(HTML_PAGE, png, browser)
+    assert png_size(png) == side_by_side.SCREENSHOT_SIZE
