@@ -47,6 +47,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.config import TransformerConfig
 from common.weights import first_of_each, match_patterns
@@ -106,16 +108,59 @@ def resolve_probes(model: nn.Module) -> dict[str, Probe | None]:
     return {point: resolved[point] for point in probe_points(model.config)}
 
 
-def capture(model: nn.Module, inputs: tuple[Tensor | None, ...]) -> dict[str, Tensor]:
-    """The probe points of one forward pass ``model(*inputs)`` (no grad), in the order computed.
+LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def float32_valued(tensor: Tensor) -> bool:
+    """A float64 tensor whose every value is a float32 number and not all are integers: a table
+    computed in float32 and cast up (a float64 computation almost never lands on float32 values)."""
+    if tensor.dtype != torch.float64 or tensor.numel() == 0:
+        return False
+    return bool(torch.equal(tensor.float().double(), tensor)) and not bool(torch.equal(tensor.round(), tensor))
+
+
+class Float32Watch(TorchDispatchMode):
+    """Sees every operation of a forward pass and notes whether one so far took or made a tensor
+    of lower precision than float64, or read a buffer holding float32 values: the evidence that
+    a float64 run carries float32 rounding."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.seen = False
+        self.storages = {buffer.untyped_storage().data_ptr() for buffer in model.buffers()
+                         if float32_valued(buffer)}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.seen:
+            for item in pytree.tree_leaves((args, kwargs, out)):
+                if isinstance(item, Tensor) and (item.dtype in LOW_PRECISION or (
+                        self.storages and item.untyped_storage().data_ptr() in self.storages)):
+                    self.seen = True
+                    break
+        return out
+
+
+def capture(model: nn.Module, inputs: tuple[Tensor | None, ...],
+            stand_ins: dict[str, Probe] | None = None) -> dict[str, Tensor]:
+    """The probe points of one forward pass ``model(*inputs)`` (no grad), in the order computed;
+    ``stand_ins`` probe points the map declares None where the caller knows a module to read.
 
     A declared point whose module did not run is absent. ``nn.MultiheadAttention``'s fast path
     can compute whole layers in one kernel without calling their submodules (recent releases
     leave it when hooks are attached; this does not rely on that), so it is off here and
     restored after.
     """
+    return capture_watched(model, inputs, stand_ins)[0]
+
+
+def capture_watched(model: nn.Module, inputs: tuple[Tensor | None, ...],
+                    stand_ins: dict[str, Probe] | None = None) -> tuple[dict[str, Tensor], set[str]]:
+    """``capture``, and the points computed after float32 evidence (``Float32Watch``)."""
     by_module: dict[str, list[tuple[str, Probe]]] = defaultdict(list)
-    for point, probe in resolve_probes(model).items():
+    resolved = resolve_probes(model)
+    for point, probe in resolved.items():
+        probe = probe if probe is not None else (stand_ins or {}).get(point)
         if probe is not None:
             by_module[probe.module].append((point, probe))
     modules = dict(model.named_modules())
@@ -130,20 +175,23 @@ def capture(model: nn.Module, inputs: tuple[Tensor | None, ...]) -> dict[str, Te
                 if probe.call == calls:
                     value = output if probe.item is None else output[probe.item]
                     captured[point] = value.detach().clone()
+                    if watch.seen:
+                        after.add(point)
             calls += 1
         return record
 
+    watch, after = Float32Watch(model), set()
     handles = [modules[name].register_forward_hook(recorder(name)) for name in by_module]
     fast_path = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), watch:
             model(*inputs)
     finally:
         torch.backends.mha.set_fastpath_enabled(fast_path)
         for handle in handles:
             handle.remove()
-    return captured
+    return captured, after
 
 
 # A departure within this many times the reference's own float32 rounding at a point (how far the
@@ -159,6 +207,7 @@ class PointDifference:
     max_abs: float | None  # largest |a - b|; inf where they cannot be compared; None: not compared
     note: str = ""  # why max_abs is inf or None
     rounding: float | None = None  # the reference's own float32 rounding here, when measured
+    float32_seen: bool | None = None  # float32 on the path to here (Float32Watch); None: not watched
 
     def diverges(self, tolerance: float) -> bool:
         """Past ``tolerance`` and past what float32 rounding explains: a difference of structure."""
@@ -169,23 +218,35 @@ class PointDifference:
         return self.max_abs is not None and not self.max_abs <= tolerance
 
     def within_rounding(self) -> bool:
-        """Within ``ROUNDING_FACTOR`` times the reference's own float32 rounding at this point."""
-        return (self.rounding is not None and self.max_abs is not None
+        """Within ``ROUNDING_FACTOR`` times the reference's own float32 rounding at this point,
+        where float32 is on the path to it (a float64 run with no float32 tensor or operation
+        cannot round like float32: a difference there is structure, however small)."""
+        return (self.rounding is not None and self.max_abs is not None and self.float32_seen is not False
                 and self.max_abs <= ROUNDING_FACTOR * self.rounding)
 
 
 def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...],
                    names: tuple[str, str] = ("a", "b"), b_float32: nn.Module | None = None,
+                   stand_ins: tuple[dict[str, Probe], dict[str, Probe]] = ({}, {}),
                    ) -> list[PointDifference]:
     """Run ``a`` and ``b`` on the same ``inputs`` and compare them at every point, in order of
     computation; ``names`` say which is which in the notes. With ``b_float32`` (``b`` in float32
-    where ``b`` is float64), each point also carries ``b``'s own float32 rounding there."""
+    where ``b`` is float64), each point also carries ``b``'s own float32 rounding there, and
+    whether float32 is on either model's path to it. ``stand_ins`` probe, per model, points it
+    declares None because it lacks them (a final norm it does not have) at the nearest output
+    that encloses them; the note says so."""
     declared = [resolve_probes(model) for model in (a, b)]
-    values = [capture(model, inputs) for model in (a, b)]
+    watched = [capture_watched(model, inputs, extra) for model, extra in zip((a, b), stand_ins, strict=True)]
+    values = [got for got, _ in watched]
+    float32_after = watched[0][1] | watched[1][1]
     low = capture(b_float32, inputs) if b_float32 is not None else {}
     differences = []
     for point in probe_points(a.config):
-        undeclared = [name for name, probes in zip(names, declared, strict=True) if probes[point] is None]
+        absent = [f"absent in {name}: compared at {extra[point].module or 'its output'}'s output"
+                  for name, extra, got in zip(names, stand_ins, values, strict=True)
+                  if point in extra and point in got]
+        undeclared = [name for name, probes, extra in zip(names, declared, stand_ins, strict=True)
+                      if probes[point] is None and point not in extra]
         missing = [name for name, got in zip(names, values, strict=True) if point not in got]
         if undeclared:
             differences.append(PointDifference(point, None, f"not declared by {' or '.join(undeclared)}"))
@@ -196,10 +257,11 @@ def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...]
             differences.append(PointDifference(point, math.inf, f"shapes differ: {shapes}"))
         else:
             delta = (values[0][point].double() - values[1][point].double()).abs().max().item()
-            rounding = None
+            rounding, seen = None, None
             if point in low and low[point].shape == values[1][point].shape:
                 rounding = (low[point].double() - values[1][point].double()).abs().max().item()
-            differences.append(PointDifference(point, delta, rounding=rounding))
+                seen = point in float32_after
+            differences.append(PointDifference(point, delta, "; ".join(absent), rounding, seen))
     return differences
 
 
@@ -215,9 +277,15 @@ def first_divergence(differences: list[PointDifference], tolerance: float) -> st
                     f"{number(_worst(differences))}, within the reference's own float32 rounding")
         return f"no divergence: every point agrees to {number(_worst(differences))} (tolerance {tolerance:g})"
     first = differences[index]
-    how = first.note or f"max |Δ| {number(first.max_abs)}"
-    before = "nothing comes before it" if index == 0 else \
-        f"everything before it agrees to {number(_worst(differences[:index]))}{why}"
+    measured = first.max_abs is not None and not math.isinf(first.max_abs)
+    how = "; ".join(filter(None, (first.note, f"max |Δ| {number(first.max_abs)}" if measured else "")))
+    worst = _worst(differences[:index])
+    if index == 0:
+        before = "nothing comes before it"
+    elif rounded and not worst < (first.max_abs if measured else math.inf):
+        before = f"every point before it is within float32 rounding (up to {number(worst)})"
+    else:
+        before = f"everything before it agrees to {number(worst)}{why}"
     return f"first divergence: {first.point} ({how}); {before}"
 
 
@@ -229,7 +297,7 @@ def precision_notes(differences: list[PointDifference], tolerance: float) -> lis
             return []
         if difference.departs(tolerance):
             example = ("a float32 position table" if difference.point.endswith("_embed")
-                       else "a tensor or an operation kept in float32")
+                       else "a tensor or an operation kept in float32, which this run has")
             return [f"{difference.point} differs by {number(difference.max_abs)}: float32 rounding, "
                     f"e.g. {example}"]
     return []

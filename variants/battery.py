@@ -29,7 +29,7 @@ from common.batches import Batch, random_batch
 from common.cli import error_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
-from common.probes import PointDifference, compare_points
+from common.probes import PointDifference, Probe, compare_points, resolve_probes
 from common.weights import canonical_shapes, export_gradients, export_weights, import_weights, init_canonical
 from variants import REFERENCE, SpecError, build
 from variants.outside import ABSENT, NORM_MODES, SIGNATURES, absent_weights
@@ -213,7 +213,25 @@ def locate(spec: str, case: Case, seed: int = 0) -> list[PointDifference]:
     other_float32 = copy.deepcopy(other) if case.dtype == torch.float64 else None
     subject, other = subject.to(case.dtype), other.to(case.dtype)
     return compare_points(subject, other, case.inputs, names=(short(spec), short(case.against)),
-                          b_float32=other_float32)
+                          b_float32=other_float32, stand_ins=(stand_ins(subject), stand_ins(other)))
+
+
+def stand_ins(model: nn.Module) -> dict[str, Probe]:
+    """Where to probe the final norms a model's maps declare absent (its probe map None, its
+    weight map None for the norm's weights): the output of the stack module that holds the
+    layers, or, if the layers hang from the model itself, the last layer's output."""
+    if not hasattr(type(model), "probe_map"):
+        return {}
+    probes, absent = resolve_probes(model), set(absent_weights(model))
+    modules = dict(model.named_modules())
+    found = {}
+    for stack in ("encoder", "decoder"):
+        point, last = f"{stack}.norm", probes.get(f"{stack}.layers.{model.config.n_layers - 1}")
+        if probes[point] is not None or f"{point}.weight" not in absent or last is None:
+            continue
+        holder = last.module.rpartition(".")[0].rpartition(".")[0]  # X.layers.1 -> X
+        found[point] = Probe(holder) if holder and holder in modules and last.call == 0 else last
+    return found
 
 
 # --- errors raised inside the model ---------------------------------------------------------

@@ -28,6 +28,7 @@ import importlib
 import importlib.metadata
 import inspect
 import os
+import re
 import sys
 
 import torch
@@ -58,6 +59,16 @@ ROLE_NAMES = {
     "src_mask": {"src_mask", "source_mask", "enc_mask", "memory_mask", "src_key_mask"},
     "tgt_mask": {"tgt_mask", "trg_mask", "target_mask", "dec_mask"},
 }
+# Spellings beyond those: a word in the name says the role (trg_token_ids_batch, e_outputs,
+# src_representations_batch, dec_enc_attn_mask); a mask's own words are read first.
+ROLE_WORDS = (
+    ("src_mask", re.compile(r"mask.*(src|source|enc|mem|cross)|(src|source|enc|mem|cross).*mask", re.I)),
+    ("tgt_mask", re.compile(r"mask.*(trg|tgt|target|dec|self|causal|look)|(trg|tgt|target|dec|self|causal)"
+                            r".*mask", re.I)),
+    ("memory", re.compile(r"memory|^mem_|^e_out|enc.*out|representation|context|hidden", re.I)),
+    ("tgt", re.compile(r"^(trg|tgt|target|dec)(?!.*mask)", re.I)),
+    ("src", re.compile(r"^(src|source|inp)(?!.*mask)", re.I)),
+)
 ABSENT = "absent_placeholders"  # the module holding the zero placeholders of weights mapped to None
 
 
@@ -89,11 +100,16 @@ def import_class(spec: str) -> type[nn.Module]:
         raise SpecError(f"{spec} is a {type(cls).__name__}, not a class")
     if not issubclass(cls, nn.Module):
         raise SpecError(f"{spec} is not a torch.nn.Module subclass")
-    if not isinstance(getattr(cls, "weight_map", None), dict):
-        raise SpecError(f"{spec} declares no weight_map: a dict from canonical names to its parameters")
     if not (issubclass(cls, EncoderDecoder) or _has_stages(cls) or cls.forward is not nn.Module.forward):
         raise SpecError(f"{spec} defines neither forward(src, tgt, src_mask, tgt_mask) nor "
                         f"{'/'.join(STAGES)}")
+    if not isinstance(getattr(cls, "weight_map", None), dict):  # inferable? (refused here, not at build)
+        for norm_first in (False, True):
+            try:
+                inferred(spec, cls, PROBE_CONFIG.replace(norm_first=norm_first))
+                break
+            except NotImplementedError:
+                continue
     return cls
 
 
@@ -101,6 +117,8 @@ def build_outside(spec: str, cls: type[nn.Module], config: TransformerConfig) ->
     """``cls(config)`` behind the shared interface, its signatures, weight map (and probe map)
     checked. NotImplementedError passes through: the class does not support this config."""
     check_signatures(spec, cls)
+    if not isinstance(getattr(cls, "weight_map", None), dict):
+        cls = inferred(spec, cls, config)
     modes = getattr(cls, "norm_modes", None)
     if modes is not None:
         if not set(modes) <= set(NORM_MODES):
@@ -124,8 +142,82 @@ def build_outside(spec: str, cls: type[nn.Module], config: TransformerConfig) ->
         if hasattr(cls, "probe_map"):
             resolve_probes(model)
     except LookupError as error:
-        raise SpecError(f"{spec}: {error}") from error
+        raise SpecError(f"{spec}: {error}{tying_hint(model)}") from error
     return model
+
+
+def tied_parameters(model: nn.Module) -> list[tuple[str, str]]:
+    """(first name, another name) of each parameter the model holds under two names."""
+    first: dict[int, str] = {}
+    pairs = []
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            pairs.append((first[id(param)], name))
+        else:
+            first[id(param)] = name
+    return pairs
+
+
+def tying_hint(model: nn.Module) -> str:
+    """Where a map fails on a model with tied weights: say which, and how to check a tied model."""
+    pairs = [pair for pair in tied_parameters(model) if not pair[1].startswith(ABSENT)]
+    if not pairs:
+        return ""
+    tied = "; ".join(f"{other} is {first}" for first, other in pairs[:3])
+    if model.config.share_embeddings:
+        return f"; hint: tied weights ({tied}): send src_embed.weight, tgt_embed.weight and generator.weight to it"
+    return (f"; hint: the model ties weights ({tied}, one tensor): check a tied model against the tied "
+            f"reference with --share-embeddings")
+
+
+# a small config to ask a class without maps whether they can be inferred at all
+PROBE_CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=128, dropout=0.0, src_vocab_size=23,
+                                 tgt_vocab_size=19, max_seq_len=40)
+_INFERRED: dict[tuple[type, TransformerConfig], type] = {}
+
+
+def inferred(spec: str, cls: type[nn.Module], config: TransformerConfig) -> type[nn.Module]:
+    """``cls`` with the weight_map and probe_map ``variants.suggest`` drafts from its modules (a
+    class that declares neither); SpecError naming what could not be placed."""
+    key = (cls, config)
+    if key not in _INFERRED:
+        from variants.suggest import complete, draft  # the drafting machinery, only when needed
+
+        try:
+            model = interfaced(cls)(config)
+        except NotImplementedError:
+            raise
+        except Exception as error:
+            raise SpecError(f"{spec} declares no weight_map, and none could be inferred: {cls.__name__}(config) "
+                            f"raised {error_line(error)}") from error
+        found = draft(model, config)
+        missing = complete(found, config)
+        if missing or not found.weights:
+            why = f"not placed: {', '.join(missing[:4])}" + (" ..." if len(missing) > 4 else "") \
+                if missing else "no parameters"
+            raise SpecError(f"{spec} declares no weight_map, and none could be inferred from its modules "
+                            f"({why}); write one (docs/check.md)")
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                     "weight_map": dict(found.weights),
+                     "probe_map": {point: probe for point, probe in found.probes.items()},
+                     "extra_parameters": (*getattr(cls, "extra_parameters", ()), *found.unplaced),
+                     "inferred_maps": True}
+        _INFERRED[key] = type(cls.__name__, (cls,), namespace)
+    return _INFERRED[key]
+
+
+def protocol(cls: type[nn.Module]) -> str:
+    """How the checker calls ``cls``, and why, in a few words."""
+    cls = getattr(cls, "_outside", cls)
+    if issubclass(cls, EncoderDecoder):
+        return "the shared interface"
+    if _has_stages(cls):
+        return "stages: encode, decode, project"
+    have = [stage for stage in STAGES if callable(getattr(cls, stage, None))]
+    lacks = [stage for stage in STAGES if stage not in have]
+    why = (f"it defines {' and '.join(have)} but no {' or '.join(lacks)}" if have
+           else f"it defines none of {'/'.join(STAGES)}")
+    return f"forward only ({why}): every check calls forward(src, tgt, src_mask, tgt_mask)"
 
 
 def check_signatures(spec: str, cls: type[nn.Module]) -> None:
@@ -141,11 +233,16 @@ def check_signatures(spec: str, cls: type[nn.Module]) -> None:
             continue
         names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         expected = SIGNATURES[stage]
-        roles = tuple(next((role for role, known in ROLE_NAMES.items() if name in known), None)
-                      for name in names[: len(expected)])
+        roles = tuple(role_of(name) for name in names[: len(expected)])
         if None not in roles and sorted(roles) == sorted(expected) and roles != expected:
             raise SpecError(f"{spec}: {cls.__name__}.{stage} takes ({', '.join(names)}), but the suite calls "
                             f"{stage}({', '.join(expected)}): put its arguments in that order, or wrap it")
+
+
+def role_of(name: str) -> str | None:
+    """The suite's role for an argument name (``ROLE_NAMES``, then ``ROLE_WORDS``); None if unsure."""
+    known = next((role for role, names in ROLE_NAMES.items() if name in names), None)
+    return known or next((role for role, words in ROLE_WORDS if words.search(name)), None)
 
 
 @functools.cache
@@ -153,7 +250,7 @@ def interfaced(cls: type[nn.Module]) -> type[EncoderDecoder]:
     """``cls`` itself if it is an EncoderDecoder mapping every canonical weight; else a subclass of
     it (and of the adapter for its protocol), with the same name, parameters and modules (so its
     maps apply as declared), plus a zero placeholder for each weight it maps to ``None``."""
-    absent = [pattern for pattern, target in cls.weight_map.items() if target is None]
+    absent = [pattern for pattern, target in getattr(cls, "weight_map", {}).items() if target is None]
     if issubclass(cls, EncoderDecoder) and not absent:
         return cls
     namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
