@@ -51,9 +51,9 @@ def model_device(model: nn.Module) -> torch.device:
 def check_source(model: nn.Module, src: Tensor, src_mask: Tensor | None) -> None:
     """The arguments of ``encode``: (B, S) source ids and an optional mask over source keys."""
     config, device = model.config, model_device(model)
-    _check_ids("src", src, config.src_vocab_size, "src_vocab_size", config.max_seq_len, device)
+    check_ids("src", src, config.src_vocab_size, "src_vocab_size", config.max_seq_len, device)
     batch, src_len = src.shape
-    _check_mask("src_mask", src_mask, (batch, config.n_heads, src_len, src_len), device)
+    check_mask("src_mask", src_mask, (batch, config.n_heads, src_len, src_len), device)
 
 
 def check_target(
@@ -65,7 +65,7 @@ def check_target(
 ) -> None:
     """The arguments of ``decode``: (B, T) target ids, (B, S, D) encoder output, two masks."""
     config, device = model.config, model_device(model)
-    _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
+    check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
     _check_memory(model, memory, tgt.shape[0])
     _check_decoder_masks(model, tgt, memory.shape[1], src_mask, tgt_mask, device)
 
@@ -75,7 +75,7 @@ def check_start(model: nn.Module, memory: Tensor, src_mask: Tensor | None) -> No
     _check_memory(model, memory)
     batch, src_len, _ = memory.shape
     # one mask serves every step, so it masks keys only: its query dimension is 1
-    _check_mask("src_mask", src_mask, (batch, model.config.n_heads, 1, src_len), model_device(model))
+    check_mask("src_mask", src_mask, (batch, model.config.n_heads, 1, src_len), model_device(model))
 
 
 def check_step(model: nn.Module, tgt: Tensor, cache: object) -> None:
@@ -114,7 +114,7 @@ def check_static_step(model: nn.Module, tgt: Tensor, position: Tensor, batch: in
 def _check_next_ids(model: nn.Module, tgt: Tensor, batch: int) -> None:
     """(B, 1) ids of the next position, for a cache of ``batch`` rows."""
     config = model.config
-    _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, model_device(model))
+    check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, model_device(model))
     if tgt.shape != (batch, 1):
         raise ValueError(
             f"tgt must hold one new id per cached row, shape (B={batch}, 1), got {tuple(tgt.shape)}"
@@ -136,7 +136,7 @@ def check_forward(
     config, device = model.config, model_device(model)
     check_same_batch(src, tgt)
     check_source(model, src, src_mask)
-    _check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
+    check_ids("tgt", tgt, config.tgt_vocab_size, "tgt_vocab_size", config.max_seq_len, device)
     _check_decoder_masks(model, tgt, src.shape[1], src_mask, tgt_mask, device)
 
 
@@ -234,9 +234,10 @@ def _check_id_kind(name: str, ids: object) -> None:
         raise ValueError(f"{name} is empty: shape {tuple(ids.shape)}; need B >= 1 and length >= 1")
 
 
-def _check_ids(
+def check_ids(
     name: str, ids: object, vocab_size: int, vocab_field: str, max_len: int, device: torch.device
 ) -> None:
+    """``ids`` (B, L) int64 or int32 on ``device``: L <= ``max_len``, every id in [0, vocab_size)."""
     _check_tensor(name, ids, device)
     _check_id_kind(name, ids)
     length = ids.shape[1]
@@ -273,13 +274,15 @@ def _check_decoder_masks(
 ) -> None:
     batch, tgt_len = tgt.shape
     heads = model.config.n_heads
-    _check_mask("tgt_mask", tgt_mask, (batch, heads, tgt_len, tgt_len), device)
-    _check_mask("src_mask", src_mask, (batch, heads, tgt_len, src_len), device)
+    check_mask("tgt_mask", tgt_mask, (batch, heads, tgt_len, tgt_len), device)
+    check_mask("src_mask", src_mask, (batch, heads, tgt_len, src_len), device)
 
 
-def _check_mask(
+def check_mask(
     name: str, mask: object, expected: tuple[int, int, int, int], device: torch.device
 ) -> None:
+    """A bool mask (or None) on ``device`` that broadcasts to ``expected`` (B, H, T_query, T_key)
+    and reads the same whatever the sizes (no rank-3 layout)."""
     if mask is None:
         return
     _check_tensor(name, mask, device)

@@ -3,7 +3,8 @@
 Every module outside ``tests/`` is parsed (not imported) and each of its project imports,
 top-level or inside a function, must point at its own layer or one below. Above ``variants``
 a model is reached only through the registry (``variants.build``), never a variant's module.
-Inside a layer, module imports form no circle.
+Inside a layer, module imports form no circle. Below the imports, no module uses another
+package's private names (``test_no_private_name_crosses_a_package``).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def test_imports_point_down(path):
 
 @pytest.mark.parametrize(("layer", "source", "complaint"), [
     ("common", "from variants import build", "common may not import variants"),
-    ("common", "def f():\n    from seq2seq.decoding.greedy import greedy_decode", "common may not import seq2seq"),
+    ("common", "def f():\n    from seq2seq.decoding.greedy import greedy_decode",
+     "common may not import seq2seq"),
     ("variants/explicit", "from variants.einsum.model import Transformer", "no variant imports another"),
     ("seq2seq", "from variants.mathfirst import components", "use variants.build"),
     ("seq2seq", "import benchmarks.timing", "seq2seq may not import benchmarks"),
@@ -159,3 +161,146 @@ def test_a_circle_is_caught(tmp_path):
         (package / f"{module}.py").write_text(f"from seq2seq.{target} import thing\n", encoding="utf-8")
     assert import_cycle(sorted(package.glob("*.py")), root=tmp_path) == [
         "seq2seq.a", "seq2seq.b", "seq2seq.c", "seq2seq.a"]
+
+
+# --- private names stay in their package ------------------------------------------------------
+
+
+def package_of(path: Path, root: Path) -> str:
+    """The dotted package a module belongs to: its folder (``seq2seq.deploy``), or the module's own
+    name for a top-level file (``compare``)."""
+    relative = path.relative_to(root)
+    return ".".join(relative.parent.parts) if len(relative.parts) > 1 else relative.stem
+
+
+def private_definitions(paths: list[Path], root: Path) -> dict[str, set[str]]:
+    """Each private name a module defines (``def _x``, ``class _X``, ``_X = ...`` at its top
+    level) -> the packages that define it."""
+    found: dict[str, set[str]] = {}
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = [node.name for node in ast.walk(tree)
+                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+        names += [target.id for node in tree.body if isinstance(node, ast.Assign)
+                  for target in node.targets if isinstance(target, ast.Name)]
+        for name in names:
+            if is_private(name):
+                found.setdefault(name, set()).add(package_of(path, root))
+    return found
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_crossings(path: Path, definitions: dict[str, set[str]], root: Path = ROOT) -> list[str]:
+    """Every use in ``path`` of a private name that belongs to another package, as
+    'file:line uses name (why)'.
+
+    What counts, read from the syntax alone (no types are known):
+
+    - ``from X import _y`` where X is a project module outside the importing module's package
+      (a subpackage is a package of its own: ``seq2seq.training`` is not ``seq2seq.deploy``);
+    - ``m._y`` (called or not) where ``m`` is a name this module imported from a project module
+      of another package (``from common import checks; checks._check_ids(...)``);
+    - a call ``obj._y(...)`` on any other object, where ``_y`` is defined somewhere in the project
+      and not in this module's own package (``self.model._encode(...)`` from seq2seq.deploy).
+
+    Not counted: dunder names (``__init__``); ``self._y`` and ``cls._y`` and ``super()._y``
+    (a class's own); names the project does not define (torch's own privates such as
+    ``torch._dynamo`` are torch's business, not this contract's); ``tests/``, which may reach
+    inside what it tests.
+    """
+    where = path.relative_to(root)
+    own = package_of(path, root)
+    modules: dict[str, str] = {}  # local name -> the project module it is bound to
+    problems = []
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PROJECT:
+                    modules[alias.asname or alias.name.split(".")[0]] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module \
+                and node.module.split(".")[0] in PROJECT:
+            for alias in node.names:
+                modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                if is_private(alias.name) and not in_package(node.module, own):
+                    problems.append(f"{where}:{node.lineno} uses {node.module}.{alias.name} "
+                                    f"(from {own}, a private name of another package)")
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not is_private(node.attr):
+            continue
+        base = node.value
+        if isinstance(base, ast.Name) and base.id in modules:
+            module = modules[base.id]
+            if not in_package(module, own) and not in_package(module.rsplit(".", 1)[0], own):
+                problems.append(f"{where}:{node.lineno} uses {module}.{node.attr} "
+                                f"(from {own}, a private name of another package)")
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        name, base = node.func.attr, node.func.value
+        if not is_private(name) or name not in definitions or own in definitions[name]:
+            continue
+        if isinstance(base, ast.Name) and (base.id in ("self", "cls") or base.id in modules):
+            continue  # a class's own, or a module attribute (counted above)
+        if isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super":
+            continue
+        problems.append(f"{where}:{node.lineno} calls {ast.unparse(node.func)} "
+                        f"(from {own}, a private method of {', '.join(sorted(definitions[name]))})")
+    return problems
+
+
+def in_package(module: str, package: str) -> bool:
+    """Whether the dotted ``module`` is ``package`` itself or one of its modules (not a subpackage's)."""
+    return module == package or module.rsplit(".", 1)[0] == package
+
+
+def test_no_private_name_crosses_a_package():
+    modules = project_modules()
+    definitions = private_definitions(modules, ROOT)
+    assert [problem for path in modules for problem in private_crossings(path, definitions)] == []
+
+
+@pytest.mark.parametrize(("where", "source", "complaint"), [
+    ("seq2seq/deploy", "from common.checks import _check_ids", "uses common.checks._check_ids"),
+    ("seq2seq/deploy", "from common import checks\nchecks._check_mask(None)",
+     "uses common.checks._check_mask"),
+    ("seq2seq/deploy", "import common.checks\ncommon.checks._check_ids(1)", "calls common.checks._check_ids"),
+    ("seq2seq/deploy", "def f(model):\n    return model._encode(1, None)", "calls model._encode"),
+    ("seq2seq", "from seq2seq.training.checkpoint import _digest",
+     "uses seq2seq.training.checkpoint._digest"),
+    ("benchmarks", "def f(fused):\n    fused.export._project(1)", "calls fused.export._project"),
+])
+def test_a_private_crossing_is_caught(tmp_path, where, source, complaint):
+    """The check itself: a planted private use in a throwaway tree is reported, beside a module
+    of the package that defines the names, whose own uses are not."""
+    defining = {
+        "common/checks.py": "def _check_ids(x): pass\ndef _check_mask(x): pass\n",
+        "variants/fused/model.py": "class T:\n    def _encode(self, a, b): return self._project(a)\n"
+                                   "    def _project(self, a): return a\n",
+        "seq2seq/training/checkpoint.py": "def _digest(x): return x\n",
+    }
+    for name, text in defining.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    module = tmp_path / where / "planted.py"
+    module.parent.mkdir(parents=True, exist_ok=True)
+    module.write_text(source + "\n", encoding="utf-8")
+    paths = sorted(tmp_path.rglob("*.py"))
+    definitions = private_definitions(paths, tmp_path)
+    problems = [problem for path in paths for problem in private_crossings(path, definitions, tmp_path)]
+    assert len(problems) == 1 and complaint in problems[0] and "planted.py" in problems[0], problems
+
+
+def test_a_private_use_inside_its_own_package_is_allowed(tmp_path):
+    package = tmp_path / "seq2seq" / "deploy"
+    package.mkdir(parents=True)
+    (package / "a.py").write_text("def _helper(x): return x\nclass C:\n    def _m(self): return 1\n",
+                                  encoding="utf-8")
+    (package / "b.py").write_text("from seq2seq.deploy.a import _helper, C\n"
+                                  "def f(c):\n    return _helper(c._m())\n", encoding="utf-8")
+    paths = sorted(tmp_path.rglob("*.py"))
+    definitions = private_definitions(paths, tmp_path)
+    assert [problem for path in paths for problem in private_crossings(path, definitions, tmp_path)] == []

@@ -11,8 +11,12 @@ defaults differ from the suite's function:
 
 - the sinusoid table of common/positions.py (CTranslate2's own concatenates sines then cosines);
 - the final LayerNorm after each stack in post-norm too: ``TransformerEncoderSpec`` and
-  ``TransformerDecoderSpec`` declare it only for pre-norm, but the runtime applies a
-  ``layer_norm`` it finds in the model in both modes, so it is added to the spec;
+  ``TransformerDecoderSpec`` declare it only for pre-norm (no declared field asks for it in
+  post-norm: ``no_final_norm`` only removes it, ``pre_post_layer_norm`` adds a norm to every
+  layer), but the runtime applies a ``layer_norm`` it finds in the model in both modes, so it is
+  set on the frozen spec. That is CTranslate2's behaviour, not its promise: pyproject.toml bounds
+  it below 5, and tests/seq2seq/test_engines.py fails loudly if a release declares the field or
+  stops taking it;
 - ``layer_norm_epsilon`` = config.norm_eps (the runtime's own default is 1e-5);
 - the decoder's start token (``decoder_start_token``, ``"<s>"`` by default) = BOS;
 - at decode time: ``min_decoding_length=0`` (default 1 forbids EOS at the first step) and
@@ -151,13 +155,19 @@ def transformer_spec(
     return spec
 
 
-def export_ctranslate2(model: nn.Module, directory: str | Path, *, bos_id: int, eos_id: int) -> Path:
+def export_ctranslate2(model: nn.Module, directory: str | Path, *, bos_id: int, eos_id: int,
+                       overwrite: bool = False) -> Path:
     """Save ``model``'s weights (any row's) as a float32 CTranslate2 model in ``directory``, with the
-    suite's config beside them; int8 is chosen when loading (``CTranslate2Model(compute_type=)``)."""
+    suite's config beside them; int8 is chosen when loading (``CTranslate2Model(compute_type=)``).
+
+    A directory that already holds files is refused unless ``overwrite`` (as CTranslate2's own
+    converters refuse without ``force``): an export written over another would mix two models."""
+    directory = Path(directory)
+    if not overwrite and directory.is_dir() and any(directory.iterdir()):
+        raise FileExistsError(f"{directory} already holds files; pass overwrite=True to write over them")
     config = check_arguments(model, None, 1, bos_id, eos_id, True)
     spec = transformer_spec(export_weights(model), config, bos_id=bos_id, eos_id=eos_id)
     spec.optimize(quantization="float32")
-    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     spec.save(str(directory))
     save_config(config, directory)

@@ -36,7 +36,7 @@ def load_config(directory: str | Path) -> TransformerConfig:
 
 def check_source_ids(config: TransformerConfig, src: object) -> None:
     """(B, S) source ids as ``encode`` checks them, on the CPU: dtype, shape, length, id range."""
-    checks._check_ids(
+    checks.check_ids(
         "src", src, config.src_vocab_size, "src_vocab_size", config.max_seq_len, torch.device("cpu")
     )
 

@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from common import checks
-from common.cache import LayerCache, batch_first, type_and_shape
+from common.cache import batch_first, type_and_shape
 from common.config import TransformerConfig
 from common.weights import export_weights, import_weights
 from seq2seq.deploy.export_config import check_source_ids, load_config, save_config
@@ -76,26 +76,26 @@ class _Encoder(nn.Module):
         self.model = model
 
     def forward(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        return self.model._encode(src, src_mask)  # (B, S, D)
+        return self.model.export_encode(src, src_mask)  # (B, S, D)
 
 
 class _Start(_Encoder):
     def forward(self, memory: Tensor) -> list[Tensor]:
-        layers = self.model._start_cache(memory)
+        layers = self.model.export_start_cache(memory)
         return [t for layer in layers for t in (layer.cross_keys, layer.cross_values)]  # 2 x (B, S, D) each
 
 
 class _Step(_Encoder):
     def forward(self, token: Tensor, src_mask: Tensor, tgt_mask: Tensor, past: list[Tensor]) -> list[Tensor]:
-        layers = [LayerCache(*past[i : i + 4]) for i in range(0, len(past), 4)]
+        layers = [self.model.export_layer_cache(*past[i : i + 4]) for i in range(0, len(past), 4)]
         position = past[0].shape[1]  # symbolic: the past keys' length
-        hidden = self.model._decode_step(token, position, layers, src_mask, tgt_mask)  # (B, 1, D)
+        hidden = self.model.export_decode_step(token, position, layers, src_mask, tgt_mask)  # (B, 1, D)
         return [hidden, *(t for layer in layers for t in (layer.self_keys, layer.self_values))]
 
 
 class _Generator(_Encoder):
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.model._project(hidden)  # (B, 1, V)
+        return self.model.export_project(hidden)  # (B, 1, V)
 
 
 EXPORTERS = ("dynamo", "torchscript")
@@ -288,7 +288,7 @@ class OnnxRuntimeModel(nn.Module):
 
     def _src_mask(self, src_mask: Tensor | None, batch: int, src_len: int) -> Tensor:
         """The suite's source mask as the graphs take it, (B, 1, 1, S) bool."""
-        checks._check_mask(
+        checks.check_mask(
             "src_mask", src_mask, (batch, self.config.n_heads, 1, src_len), torch.device("cpu")
         )
         if src_mask is None:

@@ -196,6 +196,38 @@ def test_ctranslate2_with_k_and_v_swapped_fails_the_proof(tmp_path):
         assert_same_greedy(expected, engine.greedy(src, max_len=MAX_LEN))
 
 
+def test_ctranslate2_refuses_a_directory_that_holds_files_unless_told_to_overwrite(tmp_path):
+    config = small_config(norm_first=False)
+    first, second = suite_model(config, weights(config)), suite_model(config, weights(config, swap_kv=True))
+    directory = ctranslate.export_ctranslate2(first, tmp_path / "ct2", bos_id=BOS, eos_id=EOS)
+    written = {path.name: path.read_bytes() for path in directory.iterdir()}
+    with pytest.raises(FileExistsError, match=r"already holds files; pass overwrite=True"):
+        ctranslate.export_ctranslate2(second, directory, bos_id=BOS, eos_id=EOS)
+    assert {path.name: path.read_bytes() for path in directory.iterdir()} == written  # untouched
+    ctranslate.export_ctranslate2(second, directory, bos_id=BOS, eos_id=EOS, overwrite=True)
+    assert (directory / "model.bin").read_bytes() != written["model.bin"]  # the second model's now
+
+
+def test_ctranslate2_still_takes_the_post_norm_final_norm_it_does_not_declare():
+    """The exporter's one use of CTranslate2's private behaviour, watched: its specs declare a
+    stack's final LayerNorm only for pre-norm, so the exporter sets it on the frozen post-norm
+    spec. If a release declares it, use the declared field; if a release refuses it or drops it
+    from the saved variables, the post-norm rows above would decode another function."""
+    from ctranslate2.specs import transformer_spec as specs
+
+    for stack in (specs.TransformerEncoderSpec, specs.TransformerDecoderSpec):
+        assert not hasattr(stack(2, 4, pre_norm=False), "layer_norm"), (
+            f"CTranslate2 {ctranslate.ctranslate2.__version__} declares {stack.__name__}.layer_norm "
+            "in post-norm: set it through the declared field and drop object.__setattr__")
+    config = small_config(norm_first=False)
+    canonical = weights(config)
+    for spec, name in [(ctranslate.encoder_spec(canonical, config), "encoder.norm"),
+                       (ctranslate.decoder_spec(canonical, config), "decoder.norm")]:
+        saved = spec.variables()
+        assert "layer_norm/gamma" in saved and "layer_norm/beta" in saved, sorted(saved)[:8]
+        torch.testing.assert_close(torch.from_numpy(saved["layer_norm/gamma"]), canonical[f"{name}.weight"])
+
+
 @pytest.mark.slow
 def test_ctranslate2_int8_decodes(ct2_case):
     _, engine, src = ct2_case

@@ -11,22 +11,15 @@ additive mask once per stack, keeping the from-scratch variants' fully masked ro
 Incremental decoding (``start_cache`` and ``step``, the suite's addition) sits below each class's
 forward path; its cache keeps keys and values with the heads merged, (B, t, D), as projected.
 
-A static-shape cached step, fused's alone (the speed row), for ``torch.compile(mode=
-"reduce-overhead")`` to capture as a CUDA graph, beside ``start_cache``/``decode_step``::
+A static-shape cached step, fused's alone (the speed row), lives in ``variants/fused/static.py``:
+``start_static_cache`` and ``static_step``, for ``torch.compile(mode="reduce-overhead")``. The
+one place it meets this file is the layer cache's ``add``: a growing cache appends a step's keys
+and values, a static one writes them at its position.
 
-    cache = model.start_static_cache(memory, src_mask, max_len)  # buffers of max_len positions
-    hidden = model.static_step(tgt, position, cache)             # (B, 1) ids, 0-d int64 -> (B, 1, D)
-
-``static_step`` at position t, after the steps at 0..t-1 on the same cache, equals
-``decode_step`` there: it writes the new keys and values into
-preallocated (B, max_len, D) buffers at ``position`` (a tensor, not a Python int) and attends
-over every slot under a mask of fixed shape that opens the written, non-padding ones. Nothing
-changes shape between steps and nothing is read on the host inside a compiled step (its checks
-read the values of ids and position only in eager mode, outside ``ids_range_checked``).
-``start_static_cache(..., out=cache)`` refills a cache of the same shape in place, so a compiled
-step sees the same buffers, at the same addresses, from one source batch to the next. A CUDA
-graph may write a tensor in place only if it is marked static: whoever compiles the step marks
-``cache.buffers()`` (``torch._dynamo.mark_static_address``), as ``seq2seq.decoding.static`` does.
+The export stages (``export_encode``, ``export_start_cache``, ``export_decode_step``,
+``export_project``) are the four stages unchecked, for the ONNX exporter to trace
+(``seq2seq.deploy.onnx_runtime``): the checks read ids and masks on the host, which a trace
+cannot keep; the exporter checks its inputs at its own boundary.
 
 Shape legend:
     B  batch            S  source length     T  target length (or the query length)
@@ -38,7 +31,6 @@ Shape legend:
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
 
@@ -46,13 +38,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common import checks
-from common.cache import LayerCache, batch_first
+from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.positions import sinusoid_table
 from common.probes import Probe
 from common.weights import Param
+from variants.fused.static import StaticDecoding
 
 
 class SdpaMask(NamedTuple):
@@ -84,39 +76,13 @@ def sdpa_mask(mask: Tensor | None, dtype: torch.dtype) -> SdpaMask | None:
 
 
 @dataclass
-class StaticLayerCache(LayerCache):
-    """A ``LayerCache`` of fixed shape: self-attention keys and values (B, max_len, D), each step
-    writing its position's; ``position`` (1,) is that position, shared by every layer."""
+class GrowingCache(LayerCache):
+    """A ``LayerCache`` whose self-attention keys and values grow by one position a step."""
 
-    position: Tensor  # (1,) int64: the slot the current step writes, set by ``static_step``
-
-
-@dataclass
-class StaticCache:
-    """Everything a static step reads besides its new ids, in buffers that keep their shape."""
-
-    model: weakref.ref  # the model whose layout and weights these are
-    layers: list[StaticLayerCache]  # per decoder layer; their ``position`` is ``position`` below
-    position: Tensor  # (1,) int64: the position the last step wrote
-    key_mask: Tensor  # (B, max_len) bool: True at a written position whose id is not padding
-    src_mask: Tensor  # (B, 1, 1, S) bool: the source keys each row may attend (all, for None)
-
-    @property
-    def batch_size(self) -> int:
-        return self.key_mask.shape[0]
-
-    @property
-    def max_len(self) -> int:
-        return self.key_mask.shape[1]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.layers[0].cross_keys.dtype
-
-    def buffers(self) -> list[Tensor]:
-        """Every tensor a step reads or writes: what a CUDA graph must find at the same address."""
-        return [self.position, self.key_mask, self.src_mask,
-                *(tensor for layer in self.layers for tensor in layer.tensors())]
+    def add(self, k: Tensor, v: Tensor) -> None:
+        """Append one position's key and value, (B, 1, D) each."""
+        self.self_keys = torch.cat([self.self_keys, k], dim=1)  # (B, t, D)
+        self.self_values = torch.cat([self.self_values, v], dim=1)  # (B, t, D)
 
 
 class Attention(nn.Module):
@@ -166,17 +132,11 @@ class SelfAttention(Attention):
         _, k, v = self.qkv_proj(memory[:, :0]).split(self.d_model, dim=-1)  # 3 x (B, 0, D)
         return k, v
 
-    def step(self, x: Tensor, cache: LayerCache, mask: SdpaMask | None) -> Tensor:
+    def step(self, x: Tensor, cache: GrowingCache, mask: SdpaMask | None) -> Tensor:
         """``forward`` for one new position x (B, 1, D) over every position so far: its key and
-        value are appended to the cache's (in place), so only x is projected. A static cache's
-        are written at its position instead, and ``mask`` hides the slots not yet written."""
+        value are added to the cache's (in place), so only x is projected."""
         q, k, v = self.qkv_proj(x).split(self.d_model, dim=-1)  # 3 x (B, 1, D)
-        if isinstance(cache, StaticLayerCache):  # fixed shape: written in place at the position
-            cache.self_keys.index_copy_(1, cache.position, k)  # (B, max_len, D)
-            cache.self_values.index_copy_(1, cache.position, v)  # (B, max_len, D)
-        else:
-            cache.self_keys = torch.cat([cache.self_keys, k], dim=1)  # (B, t, D)
-            cache.self_values = torch.cat([cache.self_values, v], dim=1)  # (B, t, D)
+        cache.add(k, v)
         return self.attend(q, cache.self_keys, cache.self_values, mask)  # (B, 1, D)
 
 
@@ -265,13 +225,13 @@ class DecoderLayer(nn.Module):
 
     # --- incremental decoding: the suite's addition ---
 
-    def start_cache(self, memory: Tensor) -> LayerCache:
+    def start_cache(self, memory: Tensor) -> GrowingCache:
         """The encoder output's keys and values, once per source, and no self-attention key or
         value yet. Kept with the heads merged, (B, S, D) and (B, 0, D), as projected."""
-        return LayerCache(*self.self_attn.empty_keys_values(memory), *self.cross_attn.keys_values(memory))
+        return GrowingCache(*self.self_attn.empty_keys_values(memory), *self.cross_attn.keys_values(memory))
 
     def step(
-        self, x: Tensor, cache: LayerCache, src_mask: SdpaMask | None, tgt_mask: SdpaMask | None
+        self, x: Tensor, cache: GrowingCache, src_mask: SdpaMask | None, tgt_mask: SdpaMask | None
     ) -> Tensor:
         """``forward`` for one new position x (B, 1, D), the attentions reading and growing ``cache``."""
         if self.norm_first:
@@ -316,7 +276,7 @@ class Decoder(nn.Module):
 
     # --- incremental decoding: the suite's addition ---
 
-    def start_cache(self, memory: Tensor) -> list[LayerCache]:
+    def start_cache(self, memory: Tensor) -> list[GrowingCache]:
         return [layer.start_cache(memory) for layer in self.layers]
 
     def step(
@@ -328,7 +288,7 @@ class Decoder(nn.Module):
         return self.norm(x)  # (B, 1, D)
 
 
-class Transformer(EncoderDecoder):
+class Transformer(StaticDecoding, EncoderDecoder):
     """Embeddings + sinusoids, encoder, decoder and generator: encode -> decode -> project."""
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -346,14 +306,13 @@ class Transformer(EncoderDecoder):
         if config.share_embeddings:  # weight tying (section 3.4), as nanoGPT ties wte and lm_head
             self.src_embed.weight = self.tgt_embed.weight = self.generator.weight
 
-    def _embed(self, embedding: nn.Embedding, ids: Tensor, start: int | Tensor = 0) -> Tensor:
-        """E[ids] * sqrt(D) + PE[start:start + L], then dropout (sections 3.4 and 3.5); a (1,)
-        tensor ``start`` (the static step's position) selects its one row on the device."""
+    def _embed(self, embedding: nn.Embedding, ids: Tensor, start: int = 0) -> Tensor:
+        """E[ids] * sqrt(D) + PE[start:start + L], then dropout (sections 3.4 and 3.5)."""
+        return self._embed_at(embedding, ids, self.pe[start : start + ids.shape[1]])  # (B, L, D)
+
+    def _embed_at(self, embedding: nn.Embedding, ids: Tensor, positions: Tensor) -> Tensor:
+        """E[ids] * sqrt(D) + ``positions`` (L, D), rows of PE, then dropout."""
         x = embedding(ids) * math.sqrt(self.config.d_model)
-        if isinstance(start, Tensor):
-            positions = self.pe.index_select(0, start)  # (1, D)
-        else:
-            positions = self.pe[start : start + ids.shape[1]]  # (L, D)
         return self.dropout(x + positions.to(x.dtype))  # (B, L, D)
 
     def _encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
@@ -405,86 +364,33 @@ class Transformer(EncoderDecoder):
 
     # --- incremental decoding: the suite's addition ---
 
-    def _start_cache(self, memory: Tensor) -> list[LayerCache]:
+    def _start_cache(self, memory: Tensor) -> list[GrowingCache]:
         return self.decoder.start_cache(memory)
 
     def _decode_step(
-        self, tgt: Tensor, position: int, cache: list[LayerCache], src_mask: Tensor | None, tgt_mask: Tensor
+        self, tgt: Tensor, position: int, cache: list[GrowingCache], src_mask: Tensor | None, tgt_mask: Tensor
     ) -> Tensor:
         x = self._embed(self.tgt_embed, tgt, start=position)  # (B, 1, D)
         return self.decoder.step(x, cache, src_mask, tgt_mask)  # (B, 1, D)
 
-    def start_static_cache(self, memory: Tensor, src_mask: Tensor | None, max_len: int,
-                           out: StaticCache | None = None) -> StaticCache:
-        """(B, S, D) memory and its key mask -> a ``StaticCache`` of ``max_len`` positions; or
-        ``out``, a cache this model started for the same shapes, refilled in place."""
-        checks.check_start(self, memory, src_mask)
-        if isinstance(max_len, bool) or not isinstance(max_len, int):
-            raise TypeError(f"max_len must be an int, got {type(max_len).__name__} {max_len!r}")
-        if not 1 <= max_len <= self.config.max_seq_len:
-            raise ValueError(f"max_len must lie in [1, max_seq_len={self.config.max_seq_len}], got {max_len}")
-        batch, src_len, _ = memory.shape
-        if src_mask is None:  # a mask of fixed shape all the same: every source key open
-            src_mask = memory.new_ones(batch, 1, 1, src_len, dtype=torch.bool)
-        src_mask = batch_first(src_mask, batch).expand(-1, -1, 1, src_len)  # (B, 1 or H, 1, S)
-        if out is not None:
-            self._check_static_cache("out", out)
-            if (out.batch_size, out.max_len, out.src_mask.shape) != (batch, max_len, src_mask.shape):
-                raise ValueError(
-                    f"out holds B={out.batch_size}, max_len={out.max_len} and a src_mask of shape "
-                    f"{tuple(out.src_mask.shape)}, not {batch}, {max_len} and {tuple(src_mask.shape)}; "
-                    "start a new cache")
-        layers = self.decoder.start_cache(memory)  # the cross-attention keys and values, (B, S, D)
-        if out is None:
-            return self._new_static_cache(layers, src_mask, max_len)
-        for layer, start in zip(out.layers, layers, strict=True):
-            layer.cross_keys.copy_(start.cross_keys.detach())
-            layer.cross_values.copy_(start.cross_values.detach())
-            layer.self_keys.zero_()  # finite: a hidden slot's weight is 0, and 0 x NaN is not
-            layer.self_values.zero_()
-        out.position.zero_()
-        out.key_mask.fill_(False)
-        out.src_mask.copy_(src_mask)
-        return out
+    # --- export stages: the stages unchecked, for the ONNX exporter to trace ---
 
-    def _new_static_cache(self, layers: list[LayerCache], src_mask: Tensor, max_len: int) -> StaticCache:
-        """Zeroed self-attention buffers (B, max_len, D) beside each layer's cross keys and values."""
-        batch, device = src_mask.shape[0], src_mask.device
-        position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
-        static_layers = [
-            # its own memory, outside any autograd graph: a refill writes these in place, which
-            # a view of the fused K/V product (split's output) would refuse in grad mode
-            StaticLayerCache(layer.cross_keys.new_zeros(batch, max_len, self.config.d_model),
-                             layer.cross_keys.new_zeros(batch, max_len, self.config.d_model),
-                             layer.cross_keys.detach().clone(), layer.cross_values.detach().clone(),
-                             position)
-            for layer in layers]
-        return StaticCache(weakref.ref(self), static_layers, position,
-                           torch.zeros(batch, max_len, dtype=torch.bool, device=device), src_mask.clone())
+    def export_encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
+        return self._encode(src, src_mask)  # (B, S, D)
 
-    def _check_static_cache(self, name: str, cache: object) -> None:
-        """``cache`` is a ``StaticCache`` this model started, on its device, in its dtype."""
-        if not isinstance(cache, StaticCache):
-            raise TypeError(f"{name} must be a StaticCache from start_static_cache, "
-                            f"got {type(cache).__name__}")
-        if cache.model() is not self:
-            raise ValueError(f"{name} was started by another model; start one with its start_static_cache")
-        device, dtype = checks.model_device(self), checks.model_dtype(self)
-        if cache.position.device != device:
-            raise ValueError(f"{name} is on {cache.position.device} but the model is on {device}; "
-                             "start a new one")
-        if cache.dtype != dtype:
-            raise TypeError(f"{name} has dtype {cache.dtype} but the model's parameters are {dtype}; "
-                            "start a new one")
+    def export_start_cache(self, memory: Tensor) -> list[GrowingCache]:
+        return self._start_cache(memory)
 
-    def static_step(self, tgt: Tensor, position: Tensor, cache: StaticCache) -> Tensor:
-        """(B, 1) ids at ``position`` (0-d int64) -> (B, 1, D), as ``decode_step`` at that
-        position; writes the position's keys, values and padding into ``cache`` in place."""
-        self._check_static_cache("cache", cache)
-        checks.check_static_step(self, tgt, position, cache.batch_size, cache.max_len)
-        cache.position.copy_(position.view(1))
-        # the slots written so far (steps run in order from 0, as decode_step's do) and not padding
-        cache.key_mask.index_copy_(1, cache.position, tgt != self.config.pad_id)  # (B, max_len)
-        tgt_mask = cache.key_mask[:, None, None, :]  # (B, 1, 1, max_len)
-        x = self._embed(self.tgt_embed, tgt, start=cache.position)  # (B, 1, D)
-        return self.decoder.step(x, cache.layers, cache.src_mask, tgt_mask)  # (B, 1, D)
+    def export_decode_step(
+        self, tgt: Tensor, position: int, cache: list[GrowingCache], src_mask: Tensor | None, tgt_mask: Tensor
+    ) -> Tensor:
+        return self._decode_step(tgt, position, cache, src_mask, tgt_mask)  # (B, 1, D)
+
+    def export_project(self, hidden: Tensor) -> Tensor:
+        return self._project(hidden)  # (B, T, V)
+
+    @staticmethod
+    def export_layer_cache(self_keys: Tensor, self_values: Tensor, cross_keys: Tensor,
+                           cross_values: Tensor) -> GrowingCache:
+        """One decoder layer's cache from its four tensors, (B, t, D) and (B, S, D)."""
+        return GrowingCache(self_keys, self_values, cross_keys, cross_values)
