@@ -198,7 +198,10 @@ def spans(lines: list[int]) -> list[tuple[int, int]]:
 
 
 def lines_text(lines: list[int]) -> str:
-    return ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in spans(lines))
+    """"line 9", "lines 9–11, 14": the file's line numbers, consecutive ones as a range."""
+    runs = spans(lines)
+    word = "line" if runs == [(lines[0], lines[0])] else "lines"
+    return f"{word} " + ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in runs)
 
 
 def plain(markdown: str) -> str:
@@ -281,7 +284,7 @@ def code_html(symbol: Symbol, column: str, block_id: str) -> str:
     where = (f'<p class="where"><code>{html.escape(symbol.name)}</code> · '
              f"{source_link(symbol)}")
     if marked:
-        where += f" · style: lines {lines_text(style_lines(symbol, column))}"
+        where += f" · style: {lines_text(style_lines(symbol, column))}"
     return f'<div class="block">{where}</p>\n{highlight(symbol.source, PythonLexer(), formatter)}</div>'
 
 
@@ -351,7 +354,7 @@ def code_markdown(symbol: Symbol, column: str) -> str:
     marked = style_lines(symbol, column)
     where = f"`{symbol.name}` at [{symbol.path}:{symbol.line}](../{symbol.path})"
     if marked:
-        where += f"; {STYLE_WORDS[column]} on lines {lines_text(marked)}"
+        where += f"; {STYLE_WORDS[column]} on {lines_text(marked)}"
     return f"{where}:\n\n```python\n{symbol.source}```\n"
 
 
@@ -448,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.screenshot:
             screenshot(ROOT / HTML_PAGE, ROOT / SCREENSHOT, browser)
             written.append(SCREENSHOT)
-    except (ValueError, OSError, RuntimeError, subprocess.SubprocessError) as error:
+    except (ValueError, SyntaxError, OSError, RuntimeError, subprocess.SubprocessError) as error:
         print(f"{COMMAND}: {first_line(error)}", file=sys.stderr)
         return 1
     for path in written:

@@ -269,7 +269,7 @@ def test_each_paper_concept_shows_the_equation_from_mathfirsts_docstring(page):
     assert "softmax(Q K" in html.unescape(attention[1]) and "eq. 1" in attention[1]
 
 
-def test_a_link_to_a_missing_symbol_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+def test_a_missing_symbol_or_unparsable_file_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
     (tmp_path / "variants").mkdir()
     (tmp_path / "variants" / "m.py").write_text("def here():\n    pass\n", encoding="utf-8")
     (tmp_path / "README.md").write_text(
@@ -283,6 +283,10 @@ def test_a_link_to_a_missing_symbol_is_one_line_and_exit_1(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "defines no gone" in err and "Traceback" not in err
     assert not (tmp_path / "docs").exists() or not any((tmp_path / "docs").iterdir())
+    (tmp_path / "variants" / "m.py").write_text("def here(:\n", encoding="utf-8")  # does not parse
+    assert side_by_side.main([]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
 
 
 # ---------------------------------------------------------------- in a browser
