@@ -16,6 +16,7 @@ import re
 import struct
 from pathlib import Path
 
+import pygments
 import pytest
 
 from scripts import side_by_side
@@ -129,7 +130,8 @@ def test_committed_pages_are_what_the_command_writes():
     """Edit a variant, the concept map or the script, and the committed pages are stale."""
     for path, text in side_by_side.pages().items():
         committed = (ROOT / path).read_text(encoding="utf-8")
-        assert committed == text, f"{path} is not what the command writes now: {REGENERATE}"
+        assert committed == text, (f"{path} is not what the command writes now (with Pygments "
+                                   f"{pygments.__version__}): {REGENERATE}")
 
 
 def test_pages_carry_no_machine_paths_or_times(page, markdown):
