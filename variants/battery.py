@@ -13,6 +13,8 @@ file and line it came from and, where its text suggests one, a likely cause. Not
 from __future__ import annotations
 
 import copy
+import dataclasses
+import math
 import os
 import re
 import traceback
@@ -24,15 +26,24 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from common.batches import Batch, random_batch
 from common.cli import error_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
-from common.probes import PointDifference, Probe, compare_points, resolve_probes
+from common.probes import (
+    ROUNDING_FACTOR,
+    Float32Watch,
+    PointDifference,
+    Probe,
+    compare_points,
+    number,
+    resolve_probes,
+)
 from common.weights import canonical_shapes, export_gradients, export_weights, import_weights, init_canonical
-from variants import REFERENCE, SpecError, build
-from variants.outside import ABSENT, NORM_MODES, SIGNATURES, absent_weights
+from variants import REFERENCE, SpecError, build, sites
+from variants.outside import ABSENT, NORM_MODES, SIGNATURES, absent_weights, own_stage
 
 # whose output is a fully masked row's expected value (the reference's is NaN there, by design):
 # the first, or the second when the first is the one under check
@@ -193,6 +204,8 @@ def run_battery(spec: str, against: str = REFERENCE, seed: int = 0, config: Tran
                        partial(gradients, spec, against, mode_config, seed)))
         checks.append((f"{STEPS} Adam steps float64 {mode} (losses)", LOSSES, mode_config,
                        partial(lockstep, spec, against, mode_config, seed)))
+        checks.append((f"dropout sites {mode} (train mode, p={sites.P:g})", None, mode_config,
+                       partial(dropout_sites, spec, mode_config, seed)))
         if spec != REFERENCE:
             masked_against = (against if against != REFERENCE
                               else next(v for v in MASKED_ROW_EXPECTED if v != spec))
@@ -242,13 +255,14 @@ _TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
 EXPECTED_CALLS = ", ".join(f"{stage}({', '.join(names)})" for stage, names in SIGNATURES.items())
 MASK_LAYOUT = ("src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T), bool, True = may attend; "
                "a model written for (B, 1, S) masks adds an axis of its own")
+MASK_HINT = f"check the masks: the suite passes {MASK_LAYOUT}"
 HINTS = (  # (what the error says, the likely cause)
     (re.compile(r"'indices'.*(Bool|Float|Double)|embedding.*(Bool|Float|Double)", re.S),
      f"an embedding got a mask or hidden states for ids: check the argument order; the suite calls "
      f"{EXPECTED_CALLS}"),
     (re.compile(r"must match the size of tensor|shape mismatch|not broadcastable|cannot broadcast"
                 r"|invalid for input of size|doesn't match the broadcast shape", re.I),
-     f"check the masks: the suite passes {MASK_LAYOUT}"),
+     MASK_HINT),
 )
 
 
@@ -269,9 +283,9 @@ def hint_for(error: BaseException) -> str:
     return next((hint for pattern, hint in HINTS if pattern.search(str(error))), "")
 
 
-def explained(error: BaseException) -> str:
+def explained(error: BaseException, hint: bool = True) -> str:
     """One line: the error, where in the model's code it was raised, and a hint."""
-    place, hint = where_raised(error), hint_for(error)
+    place, hint = where_raised(error), hint_for(error) if hint else ""
     return error_line(error) + (f" (at {place})" if place else "") + (f"; hint: {hint}" if hint else "")
 
 
@@ -293,8 +307,84 @@ def attempt(check: str, tolerance: Tolerance | None, config: TransformerConfig |
 def forward(spec: str, case: Case, seed: int, check: str) -> Result:
     subject, other = (model.to(case.dtype) for model in pair(spec, case.against, case.config, seed))
     with torch.no_grad():
-        actual, expected = subject(*case.inputs), other(*case.inputs)
-    return compared(check, actual, expected, case.tolerance, case)
+        expected = other(*case.inputs)
+        try:
+            actual = subject(*case.inputs)
+        except Exception as error:
+            swapped = swap_masks(subject, case.inputs, expected) if hint_for(error) == MASK_HINT else ""
+            if not swapped:
+                raise
+            return Result(check, False, None, str(case.tolerance), f"{explained(error, hint=False)}; hint: {swapped}",
+                          bound=case.tolerance, config=case.config)
+    result = compared(check, actual, expected, case.tolerance, case)
+    hint = "" if result.passed else output_hint(subject, case, actual, expected)
+    if hint:
+        detail = "; ".join(filter(None, (result.detail, f"hint: {hint}")))
+        result = dataclasses.replace(result, detail=detail)
+    return result
+
+
+def output_hint(model: nn.Module, case: Case, actual: Tensor, expected: Tensor) -> str:
+    """The likely cause of a failed forward, read from the output: a flat (B·T, V) tensor, logits
+    where log-probabilities belong, NaN behind a -inf fill."""
+    batch, length = case.inputs[1].shape
+    vocab = case.config.tgt_vocab_size
+    if actual.shape == (batch * length, vocab):
+        return (f"a flat (B·T, V) output: return (B, T, V) log-probabilities, e.g. log_probs.view({batch}, "
+                f"{length}, -1) for this batch (the gradient and training checks reshape it to go on)")
+    if actual.shape != expected.shape or not actual.is_floating_point():
+        return ""
+    nan = torch.isnan(actual) & ~torch.isnan(expected)
+    if nan.any():
+        with FillWatch() as fills, torch.no_grad():
+            model(*case.inputs)
+        positions = int(nan.any(-1).sum())
+        if any(value == -math.inf for value in fills.values):
+            return (f"NaN at {positions} positions: masked scores are filled with -inf, so a row with no "
+                    f"key to attend to (a source of padding only) is softmax of -inf everywhere; fill with "
+                    f"torch.finfo(scores.dtype).min")
+        return f"NaN at {positions} positions where the reference is finite (a row with nothing to attend to?)"
+    finite = actual[torch.isfinite(actual).all(-1)].double()
+    if finite.numel():
+        total = finite.logsumexp(-1).abs().max().item()
+        if total > 1e-6 if case.dtype == torch.float64 else total > 1e-3:
+            return (f"the rows' logsumexp is up to {total:.2g}, not 0: logits, not log-probabilities; "
+                    f"end with log_softmax(dim=-1)")
+    return ""
+
+
+class FillWatch(TorchFunctionMode):
+    """The values a forward pass fills masked scores with (``masked_fill``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[float] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.masked_fill, torch.Tensor.masked_fill_, torch.masked_fill):
+            value = args[2] if len(args) > 2 else kwargs.get("value")
+            if isinstance(value, (int, float)):
+                self.values.append(float(value))
+        return func(*args, **kwargs)
+
+
+def swap_masks(model: nn.Module, inputs: tuple[Tensor, ...], expected: Tensor) -> str:
+    """Whether the model runs once src_mask and tgt_mask trade places in its own decode: a
+    decoder that reads them the other way round. "" if it has no own decode or still fails."""
+    decode, encode, project = (own_stage(model, stage) for stage in ("decode", "encode", "project"))
+    if decode is None or encode is None or project is None:
+        return ""
+    src, tgt, src_mask, tgt_mask = inputs
+    try:
+        log_probs = project(decode(tgt, encode(src, src_mask), tgt_mask, src_mask))
+    except Exception:
+        return ""
+    agrees = ""
+    if log_probs.shape == expected.shape:
+        agrees = f", and then agrees with the reference to {number((log_probs - expected).abs().max().item())}"
+    return (f"with src_mask and tgt_mask exchanged in decode the model runs{agrees}: its decoder reads the masks "
+            f"the other way round; the self-attention takes tgt_mask, the cross-attention src_mask")
 
 
 def compared(check: str, actual: Tensor, expected: Tensor, tolerance: Tolerance, case: Case | None = None,
@@ -311,8 +401,11 @@ def compared(check: str, actual: Tensor, expected: Tensor, tolerance: Tolerance,
 
 
 def loss_of(model: nn.Module, batch: Batch, pad_id: int) -> Tensor:
-    """Mean NLL of the batch's labels over real target positions."""
+    """Mean NLL of the batch's labels over real target positions. A flat (B·T, V) output is
+    taken as it is (the forward checks fail it and say so)."""
     log_probs = model(*batch.inputs())
+    if log_probs.ndim == 2 and log_probs.shape[0] == batch.labels.numel():
+        log_probs = log_probs.view(*batch.labels.shape, -1)
     return F.nll_loss(log_probs.flatten(0, 1), batch.labels.flatten(), ignore_index=pad_id)
 
 
@@ -335,29 +428,77 @@ def canonical_gradients(model: nn.Module) -> tuple[dict[str, Tensor], list[str]]
 
 
 def gradients(spec: str, against: str, config: TransformerConfig, seed: int) -> Result:
-    """The gradients of one loss under canonical names, float64; the first weight (in order of
-    computation) whose gradient differs is named."""
+    """The gradients of one loss under canonical names, float64. The detail names the first
+    weight (in order of computation) whose gradient really differs: past tolerance and, where
+    float32 is on the model's path, past the reference's own float32 rounding of that gradient;
+    rows that get no gradient where the reference's do (an embedding's ``padding_idx``); and
+    weights no gradient reaches at all."""
     models = pair(spec, against, config, seed)
+    batch = random_batch(config, seed=seed)
     grads, untouched = [], []
     for model in models:
-        loss_of(model.double().train(), random_batch(config, seed=seed), config.pad_id).backward()
+        with Float32Watch(model) as watch:
+            loss_of(model.double().train(), batch, config.pad_id).backward()
         got, missed = canonical_gradients(model)
         grads.append(got)
         untouched.append(missed)
+        if model is models[0]:
+            float32_seen = watch.seen
     actual, expected = grads
     skipped = set(held_at_zero(models[0]))
-    deltas = {name: (actual[name] - expected[name]).abs().max().item()
-              for name in computation_order(config) if name not in skipped}
+    order = [name for name in computation_order(config) if name not in skipped]
+    deltas = {name: (actual[name] - expected[name]).abs().max().item() for name in order}
     worst = max(deltas.values())
     check = f"gradients float64 {mode_of(config)}"
-    first = next((name for name, delta in deltas.items() if not delta <= FLOAT64.atol), None)
-    detail = ""
+    if worst <= FLOAT64.atol:
+        return Result(check, True, worst, str(FLOAT64), bound=FLOAT64, config=config)
+    rounding = gradient_rounding(against, config, seed, batch) if float32_seen else {}
+    rounded = [name for name in order if not deltas[name] <= FLOAT64.atol
+               and deltas[name] <= ROUNDING_FACTOR * rounding.get(name, -1.0)]
+    first = next((name for name in order if not deltas[name] <= FLOAT64.atol and name not in rounded), None)
+    parts = []
     if first is not None:
-        detail = f"first differs at {first} (max |Δ| {delta_text(deltas[first])})"
-        never = [name for name in untouched[0] if not name.startswith(f"{ABSENT}.")]
-        if never:
-            detail += f"; no gradient reached {', '.join(never[:3])}" + (" ..." if len(never) > 3 else "")
-    return Result(check, worst <= FLOAT64.atol, worst, str(FLOAT64), detail, bound=FLOAT64, config=config)
+        parts.append(f"first differs at {first} (max |Δ| {delta_text(deltas[first])})")
+    if rounded:
+        parts.append(f"{len(rounded)} {'differs' if len(rounded) == 1 else 'differ'} within float32 rounding "
+                     f"({rounded[0]} {delta_text(deltas[rounded[0]])}{', ...' if len(rounded) > 1 else ''})")
+    absent = set(absent_weights(models[0]))
+    never = [name for name in order if not actual[name].any() and expected[name].any() and name not in absent]
+    if never:
+        parts.append(f"no gradient reaches {', '.join(never[:3])}{' ...' if len(never) > 3 else ''}")
+    rows = {name: zero_rows(actual[name], expected[name]) for name in order
+            if name.endswith("_embed.weight") and name not in never}
+    rows = {name: found for name, found in rows.items() if found}
+    if rows:
+        name, found = next(iter(rows.items()))
+        ids = ", ".join(map(str, found[:4])) + (" ..." if len(found) > 4 else "")
+        parts.append(f"{'row' if len(found) == 1 else 'rows'} {ids} of {name}'s gradient "
+                     f"{'is' if len(found) == 1 else 'are'} zero where the reference's {'is' if len(found) == 1 else 'are'} "
+                     f"not: an embedding built with padding_idx? The suite's embeddings train every row "
+                     f"(its pad id is {config.pad_id})")
+    elif not never and first is None and not rounded:
+        parts.append(f"max |Δ| {delta_text(worst)}")
+    return Result(check, False, worst, str(FLOAT64), "; ".join(parts), bound=FLOAT64, config=config)
+
+
+def zero_rows(actual: Tensor, expected: Tensor) -> list[int]:
+    """The rows of a 2-D gradient that are all zero in ``actual`` and not in ``expected``."""
+    if actual.ndim != 2:
+        return []
+    zero, live = ~actual.bool().any(dim=1), expected.bool().any(dim=1)
+    return torch.nonzero(zero & live).flatten().tolist()
+
+
+def gradient_rounding(name: str, config: TransformerConfig, seed: int, batch: Batch) -> dict[str, float]:
+    """How far ``name``'s own gradients computed in float32 lie from its float64 ones: what float32
+    rounding alone does to each gradient."""
+    runs = []
+    for dtype in (torch.float32, torch.float64):
+        model = build(name, config)
+        import_weights(model, battery_weights(config, seed))
+        loss_of(model.to(dtype).train(), batch, config.pad_id).backward()
+        runs.append(canonical_gradients(model)[0])
+    return {key: (runs[0][key].double() - runs[1][key]).abs().max().item() for key in runs[1]}
 
 
 def delta_text(value: float) -> str:
@@ -442,6 +583,23 @@ def _record(name: str, outputs: list[tuple[str, Tensor]], _module: nn.Module, _i
         output = next((item for item in output if isinstance(item, Tensor)), None)
     if isinstance(output, Tensor):
         outputs.append((name, output.detach().clone()))
+
+
+def dropout_sites(spec: str, config: TransformerConfig, seed: int) -> Result:
+    """Where ``spec`` applies dropout in train mode against the architecture's sites
+    (``variants.sites``): each missing, unexpected or at another probability named."""
+    sites_config = config.replace(dropout=sites.P)
+    model = build(spec, sites_config, seed=seed).double()
+    check = f"dropout sites {mode_of(config)} (train mode, p={sites.P:g})"
+    try:
+        resolve_probes(model)
+    except LookupError:
+        return Result(check, None, detail="skipped: no probe map to place them by", config=config)
+    missing, extra, wrong_p = sites.compare_sites(sites.observed_sites(model, sites_config, seed), sites_config)
+    parts = [f"{label}: {', '.join(found[:3])}" + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
+             for label, found in (("missing dropout", missing), ("dropout where the architecture has none", extra),
+                                  (f"dropout not at the config's p={sites.P:g}", wrong_p)) if found]
+    return Result(check, not parts, None, "the paper's sites", "; ".join(parts), config=config)
 
 
 def masked_batch(config: TransformerConfig, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:

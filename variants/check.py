@@ -16,13 +16,16 @@ one fails, 2 if SPEC cannot be built in any mode asked for (one line).
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 
 from tabulate import tabulate
 
-from common.cli import Parser, config_or_exit, positive
+from common.cli import Parser, config_or_exit, error_line, positive
+from common.config import TransformerConfig
 from common.probes import first_divergence, number, precision_notes
-from variants import REFERENCE, SpecError, variant_argument
+from variants import REFERENCE, VARIANTS, SpecError, build, variant_argument, variant_class
 from variants.battery import (
     CONFIG,
     MODES,
@@ -36,6 +39,8 @@ from variants.battery import (
     short,
     still_drops,
 )
+from variants.outside import NORM_MODES, interfaced, protocol
+from variants.suggest import as_python, draft
 
 NORM_CHOICES = {"post": ("post",), "pre": ("pre",), "both": MODES}
 
@@ -58,21 +63,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d-ff", type=positive(int), default=CONFIG.d_ff,
                         help=f"feed-forward width (default {CONFIG.d_ff}, {CONFIG.d_ff // CONFIG.d_model} × "
                              f"d_model)")
-    parser.add_argument("--vocab", type=positive(int), nargs=2, default=(CONFIG.src_vocab_size,
-                                                                          CONFIG.tgt_vocab_size),
+    parser.add_argument("--vocab", type=positive(int), nargs=2, default=None,
                         metavar=("SRC", "TGT"), help=f"source and target vocabulary sizes (default "
-                                                     f"{CONFIG.src_vocab_size} {CONFIG.tgt_vocab_size})")
+                                                     f"{CONFIG.src_vocab_size} {CONFIG.tgt_vocab_size}); "
+                                                     f"with --share-embeddings both {CONFIG.src_vocab_size} "
+                                                     f"unless given")
+    parser.add_argument("--share-embeddings", action="store_true",
+                        help="one matrix for both embeddings and the generator (the paper's section 3.4), in "
+                             "the reference too: for a model that ties them")
+    parser.add_argument("--suggest-maps", action="store_true",
+                        help="print a draft weight_map and probe_map for SPEC's class, as Python to paste, "
+                             "and exit")
     args = parser.parse_args(argv)
+    vocab = args.vocab or ((CONFIG.src_vocab_size,) * 2 if args.share_embeddings
+                           else (CONFIG.src_vocab_size, CONFIG.tgt_vocab_size))
     config = config_or_exit(parser, CONFIG, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
-                            d_ff=args.d_ff, src_vocab_size=args.vocab[0], tgt_vocab_size=args.vocab[1])
+                            d_ff=args.d_ff, src_vocab_size=vocab[0], tgt_vocab_size=vocab[1],
+                            share_embeddings=args.share_embeddings)
     try:
+        if args.suggest_maps:
+            print(suggested_maps(args.spec, config, NORM_CHOICES[args.norm]))
+            return 0
         results = run_battery(args.spec, args.against, args.seed, config, NORM_CHOICES[args.norm])
     except SpecError as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: {error}{width_hint(str(error))}\n")
     print(f"{args.spec} against {args.against}: d_model {config.d_model}, {config.n_heads} heads, "
-          f"{config.n_layers} layers, d_ff {config.d_ff}, vocabularies {config.src_vocab_size} and "
-          f"{config.tgt_vocab_size}, seed {args.seed}")
+          f"{config.n_layers} layer{'s' * (config.n_layers != 1)}, d_ff {config.d_ff}, vocabularies "
+          f"{config.src_vocab_size} and {config.tgt_vocab_size}"
+          f"{' (shared, tied to the generator)' if config.share_embeddings else ''}, seed {args.seed}")
     print(modes_line(results, NORM_CHOICES[args.norm]))
+    for line in class_lines(args.spec, next(r.config for r in results if r.passed is not None)):
+        print(line)
     absent = absent_line(args.spec, next(r.config for r in results if r.passed is not None))
     print((absent + "\n") if absent else "")
     print(tabulate([(r.check, verdict(r), number(r.max_abs), r.tolerance) for r in results],
@@ -90,6 +111,43 @@ def main(argv: list[str] | None = None) -> int:
     elif (training := training_failure(results)) is not None:
         print(training_report(args.spec, training, args.seed))
     return 0 if all(r.passed is not False for r in results) else 1
+
+
+def class_lines(spec: str, config: TransformerConfig) -> list[str]:
+    """How the checker calls an outside class (when forward only, and why) and whether its maps
+    were inferred."""
+    if ":" not in spec and spec in VARIANTS:
+        return []
+    cls = type(build(spec, config))
+    lines = []
+    how = protocol(cls)
+    if how.startswith("forward only"):
+        lines.append(f"protocol: {how}")
+    if getattr(cls, "inferred_maps", False):
+        lines.append(f"maps: inferred from {short(spec)}'s modules (--suggest-maps prints them to read or paste)")
+    return lines
+
+
+def suggested_maps(spec: str, config: TransformerConfig, modes: tuple[str, ...]) -> str:
+    """The draft maps of ``spec``'s class, built in the first of ``modes`` it supports."""
+    cls = variant_class(spec)
+    for mode in modes:
+        mode_config = config.replace(norm_first=NORM_MODES[mode])
+        try:
+            model = interfaced(cls)(mode_config)
+        except NotImplementedError:
+            continue
+        except Exception as error:
+            raise SpecError(f"{spec}: {cls.__name__}(config) raised {error_line(error)}") from error
+        return as_python(draft(model, mode_config), mode_config, cls.__name__)
+    raise SpecError(f"{spec}: can be built in none of the norm modes asked for")
+
+
+def width_hint(message: str) -> str:
+    """A pointer to --d-ff where a build fails on the feed-forward's width."""
+    found = re.search(r"ff\.w1\.weight \(\d+, \d+\) to \S+, which holds \((\d+), \d+\)", message)
+    return f"; hint: the model's feed-forward width is {found.group(1)}: pass --d-ff {found.group(1)}" \
+        if found else ""
 
 
 def verdict(result: Result) -> str:
@@ -117,8 +175,9 @@ def finder_report(spec: str, failed: Result, seed: int) -> str:
         return f"\nno divergence finder: {error}"
     tolerance = case.tolerance.atol
     first = next((d for d in differences if d.diverges(tolerance)), None)
-    rows = [(d.point, "-" if d.note else number(d.max_abs), number(d.rounding),
-             d.note + (" <- first divergence" if d is first else "")
+    rows = [(d.point, "-" if d.max_abs is None or math.isinf(d.max_abs) else number(d.max_abs), number(d.rounding),
+             re.sub(r"^not declared by (.*)", r"no module for it in \1 (None in its probe map)", d.note)
+             + (" <- first divergence" if d is first else "")
              + (" float32 rounding" if d.departs(tolerance) and d.within_rounding() else ""))
             for d in differences]
     notes = "".join(f"\nnote: {note}" for note in precision_notes(differences, tolerance))

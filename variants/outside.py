@@ -103,13 +103,17 @@ def import_class(spec: str) -> type[nn.Module]:
     if not (issubclass(cls, EncoderDecoder) or _has_stages(cls) or cls.forward is not nn.Module.forward):
         raise SpecError(f"{spec} defines neither forward(src, tgt, src_mask, tgt_mask) nor "
                         f"{'/'.join(STAGES)}")
-    if not isinstance(getattr(cls, "weight_map", None), dict):  # inferable? (refused here, not at build)
+    if not isinstance(getattr(cls, "weight_map", None), dict):  # no maps: can they be inferred at all?
         for norm_first in (False, True):
             try:
                 inferred(spec, cls, PROBE_CONFIG.replace(norm_first=norm_first))
                 break
             except NotImplementedError:
                 continue
+            except SpecError as error:
+                if not isinstance(error.__cause__, Exception):  # a shape of this config: decided at build
+                    break
+                raise
     return cls
 
 
@@ -192,9 +196,12 @@ def inferred(spec: str, cls: type[nn.Module], config: TransformerConfig) -> type
                             f"raised {error_line(error)}") from error
         found = draft(model, config)
         missing = complete(found, config)
-        if missing or not found.weights:
-            why = f"not placed: {', '.join(missing[:4])}" + (" ..." if len(missing) > 4 else "") \
-                if missing else "no parameters"
+        if not any(True for _ in model.parameters()):
+            raise SpecError(f"{spec} declares no weight_map, and has no parameters to infer one from") \
+                from LookupError("no parameters")
+        if missing:
+            why = "; ".join([*found.notes, f"not placed: {', '.join(missing[:4])}"
+                             + (" ..." if len(missing) > 4 else "")])
             raise SpecError(f"{spec} declares no weight_map, and none could be inferred from its modules "
                             f"({why}); write one (docs/check.md)")
         namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
@@ -281,6 +288,14 @@ def _init_with_placeholders(self, config: TransformerConfig, *args, **kwargs) ->
                                      for name in matched})
     self.add_module(ABSENT, placeholders)
     self.absent_weights = tuple(matched)
+
+
+def own_stage(model: nn.Module, stage: str):
+    """The stage as the model's own class defines it (behind the shared interface's checks),
+    bound to ``model``; None where it defines none."""
+    cls = getattr(type(model), "_outside", type(model))
+    method = getattr(cls, stage, None)
+    return method.__get__(model) if callable(method) else None
 
 
 def absent_weights(model: nn.Module) -> tuple[str, ...]:

@@ -208,6 +208,13 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
                         is not None else None
                     if w == "w2":
                         out.probes[f"{prefix}.ff"] = Probe(fits[0])
+            if i == 0 and f"{prefix}.ff.w1.weight" not in out.weights:
+                widths = {m.weight.shape[0] for p, m in modules.items() if _under(p, layer)
+                          and isinstance(m, nn.Linear) and m.weight.shape[1] == width and m.weight.shape[0] != width}
+                if len(widths) == 1 and not any("feed-forward is" in note for note in out.notes):
+                    wide = widths.pop()
+                    out.notes.append(f"the feed-forward is {wide} wide ({layer}), the config's d_ff "
+                                     f"{config.d_ff}: pass --d-ff {wide}")
             norms = [p for p, m in modules.items() if _under(p, layer) and _norm_like(m, width)]
             if len(norms) == expected:
                 for n, norm in enumerate(norms, start=1):

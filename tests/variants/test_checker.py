@@ -35,7 +35,7 @@ def mode_checks(mode: str, masked_against: str) -> list[str]:
     return [*(f"forward {dtype} {mode} S={s} T={t}"
               for dtype, s, t in (("float64", 7, 5), ("float64", 4, 9), ("float32", 7, 5))),
             f"gradients float64 {mode}", f"3 Adam steps float64 {mode} (losses)",
-            f"fully masked source row {mode} vs {masked_against}"]
+            f"dropout sites {mode} (train mode, p=0.3)", f"fully masked source row {mode} vs {masked_against}"]
 
 
 def first_forward_case(against: str = REFERENCE) -> Case:
@@ -63,8 +63,8 @@ def test_a_correct_outside_copy_passes_and_the_table_says_so(capsys):
     header = next(line for line in out.splitlines() if line.startswith("check"))
     assert header.split() == ["check", "result", "max", "|Δ|", "tolerance"]
     rows = [line for line in out.splitlines() if line.startswith(("forward", "gradients", "3 Adam", "fully",
-                                                                  "bad"))]
-    assert len(rows) == 13 and all(" pass " in row for row in rows)
+                                                                  "bad", "dropout sites"))]
+    assert len(rows) == 15 and all(" pass " in row for row in rows)
     assert "norm modes checked: post-norm and pre-norm\n" in out
     assert "first divergence" not in out
 

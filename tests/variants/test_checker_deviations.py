@@ -235,7 +235,7 @@ def test_the_config_is_chosen_on_the_command_line_and_printed(capsys):
     assert main([f"{FIXTURES}.tutorial:Transformer", "--d-model", "16", "--heads", "2", "--layers", "1",
                  "--d-ff", "32", "--vocab", "11", "13", "--norm", "post"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{FIXTURES}.tutorial:Transformer against torch: d_model 16, 2 heads, 1 layers, "
+    assert out.startswith(f"{FIXTURES}.tutorial:Transformer against torch: d_model 16, 2 heads, 1 layer, "
                           "d_ff 32, vocabularies 11 and 13, seed 0\nnorm modes checked: post-norm\n")
     with pytest.raises(SystemExit) as exit_info:
         main([f"{FIXTURES}.tutorial:Transformer", "--heads", "5"])
