@@ -4,28 +4,22 @@
     checkpoint = load_checkpoint(latest_checkpoint("runs/a"))
     model = build_model(load("average.pt"), variant="fused")
 
-A **checkpoint** holds the weights in canonical form (``common.weights``), Adam's state, the
-schedule's step, the RNG states (per process: torch's CPU generator and, on CUDA, the device's;
-once: the batch stream's generator), the config, the variant's name and the run's other
-settings. A **model file** (what ``python -m seq2seq.average`` writes) holds only the variant
-name, config, settings and canonical weights, and a translation model's subword vocabulary
-(``vocabulary``, optional: files without it load with ``None``); every checkpoint is also a model
-file, and any variant can load either (``build_model``).
+A **checkpoint** holds the canonical weights (``common.weights``), Adam's state, the schedule's
+step, the RNG states (per process: torch's CPU generator and, on CUDA, the device's; once: the
+batch stream's), the config, the variant's name and the run's other settings. A **model file**
+(what ``python -m seq2seq.average`` writes) holds the variant name, config, settings, weights and
+a translation model's subword vocabulary (``vocabulary``; ``None`` in files without it). Every
+checkpoint is a model file, and any variant loads either (``build_model``).
 
-Files are ``torch.save`` archives of plain dicts, lists, tuples, tensors, strings, numbers and
-None, read back with ``torch.load(weights_only=True)`` (no pickled code runs). ``save`` and
-``load`` are symmetric: ``save`` runs the checks ``load`` runs, and refuses anything else (a
-``pathlib.Path`` in the settings, say) before writing. Writing is atomic: a temporary file in
-the same directory, flushed and fsync'd, then ``os.replace`` onto the final name and an fsync of
-the directory, so a crash mid-write leaves every existing file as it was; the temporary file of
-a process that died mid-write is removed by the next ``save`` into that directory. Reading is
-strict: the archive must load, carry this format's marker, version and every field with its
-type, and match the SHA-256 digest of its contents recorded at save time (torch's reader does
-not notice a flipped byte inside a tensor). Anything else is a ``ValueError`` naming the file,
-raised before anything is loaded into a model.
-
-``directory_problem`` and ``file_problem`` say, before a run starts, why its files could not be
-written where it was asked to write them.
+Files are ``torch.save`` archives of plain data (dicts, lists, tuples, tensors, strings, numbers,
+None) read with ``torch.load(weights_only=True)``, so no pickled code runs; ``save`` refuses what
+``load`` could not read back, before writing. Writing is atomic (a temporary file beside the
+target, fsync'd, ``os.replace``d, the directory fsync'd); a temporary file left by a killed
+writer is removed by the next ``save`` there. Reading is strict: the format's marker, version,
+every field with its type, and the SHA-256 digest of the contents recorded at save time (torch's
+reader does not notice a flipped byte inside a tensor); anything else is a ``ValueError`` naming
+the file, before anything is loaded into a model. Whether a checkpoint belongs to the run that
+resumes from it is ``check_resumable``'s one question.
 """
 
 from __future__ import annotations
@@ -43,7 +37,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from common.cli import first_line
 from common.config import TransformerConfig
 from common.weights import import_weights
 from variants import build
@@ -77,11 +70,6 @@ class Checkpoint(ModelFile):
     data_rng: Tensor  # the batch stream's generator (every rank draws the same batches)
 
 
-# field -> its type in a file; ModelFile's fields come first
-_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "variant": str, "config": dict, "settings": dict, "weights": dict, "vocabulary": (Tensor, type(None)),
-    "step": int, "optimizer": dict, "scheduler": dict, "rng": (list, tuple), "data_rng": Tensor,
-}
 _KINDS = {"model": ModelFile, "checkpoint": Checkpoint}
 _OPTIONAL = {"vocabulary": None}  # field -> its value in a file that lacks it (an older file)
 # what torch.load(weights_only=True) reads back, besides tensors: exactly these types
@@ -106,7 +94,7 @@ def save(record: ModelFile, path: str | os.PathLike) -> Path:
         value = getattr(record, field.name)
         payload[field.name] = dataclasses.asdict(value) if field.name == "config" else value
     # what load would refuse is refused here, before anything is written
-    problems = _unreadable(payload) or _problems(payload)
+    problems = _unreadable(payload)
     if problems:
         raise ValueError(f"cannot save {path}; load could not read it back:\n  " + "\n  ".join(problems))
     payload["digest"] = _digest(payload)
@@ -116,7 +104,8 @@ def save(record: ModelFile, path: str | os.PathLike) -> Path:
 
 def _unreadable(value: object, where: str = "") -> list[str]:
     """Every value inside ``value`` that ``torch.load(weights_only=True)`` would not read back
-    (anything but ``_PLAIN`` types and plain CPU-loadable tensors), each by where it sits."""
+    (anything but ``_PLAIN`` types and plain tensors), each by where it sits. The fields'
+    own types are the callers' (the trainer and averaging build the records)."""
     if isinstance(value, Tensor):
         if type(value) not in (Tensor, nn.Parameter):
             return [f"{where}: a {type(value).__name__}, a tensor subclass"]
@@ -161,13 +150,9 @@ def _write_atomically(payload: object, path: Path) -> None:
 
 
 def _remove_stale_temporaries(directory: Path) -> None:
-    """Delete the temporary files that processes killed mid-write left in ``directory``.
-
-    A temporary file's name carries its writer's process id; one whose writer no longer runs
-    on this machine will never be renamed into place. Those of running processes (this one
-    included) are left alone: they may be writing now.
-    """
-    if os.name != "posix":  # os.kill(pid, 0) probes a process only on POSIX
+    """Delete the temporary files in ``directory`` whose writer (the process id in the name) no
+    longer runs on this machine: they will never be renamed into place. POSIX only."""
+    if os.name != "posix":
         return
     for entry in directory.iterdir():
         match = _TEMPORARY_NAME.fullmatch(entry.name)
@@ -177,14 +162,12 @@ def _remove_stale_temporaries(directory: Path) -> None:
 
 
 def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists on this machine (signal 0 probes without sending)."""
-    if pid == os.getpid():
-        return True
+    """Whether process ``pid`` exists (signal 0 probes; another user's process refuses it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except PermissionError:
         return True
     return True
 
@@ -196,13 +179,11 @@ def _digest(payload: Mapping[str, object]) -> str:
     def feed(item: object) -> None:
         if isinstance(item, Tensor):
             hasher.update(f"tensor {item.dtype} {tuple(item.shape)}:".encode())
-            data = item.detach().cpu().contiguous().reshape(-1)
-            hasher.update(data.view(torch.uint8).numpy().tobytes())
+            hasher.update(item.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
         elif isinstance(item, Mapping):
             hasher.update(b"{")
             for key in sorted(item, key=repr):
-                feed(key)
-                feed(item[key])
+                feed(key), feed(item[key])
             hasher.update(b"}")
         elif isinstance(item, (list, tuple)):
             hasher.update(b"[" if isinstance(item, list) else b"(")
@@ -230,13 +211,14 @@ def load(path: str | os.PathLike) -> ModelFile:
         raise FileNotFoundError(f"no checkpoint or model file at {path}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch.load raises many kinds for a damaged archive
-        raise ValueError(f"{path} is not a readable checkpoint {_why_unreadable(error)}") from error
-    problems = _problems(payload)
-    if not problems and payload.get("digest") != _digest(payload):
-        problems = ["contents differ from the digest recorded when it was written (corrupt)"]
-    if problems:
-        raise ValueError(f"{path} is not a usable checkpoint:\n  " + "\n  ".join(problems))
+    except Exception:  # torch.load raises many kinds for a damaged archive; its text is not shown
+        raise ValueError(f"{path} is not a readable checkpoint {_why_unreadable(path)}") from None
+    # the digest proves the fields are what save checked and wrote
+    problem = _header_problem(payload)
+    if problem is None and payload.get("digest") != _digest(payload):
+        problem = "contents differ from the digest recorded when it was written (corrupt)"
+    if problem is not None:
+        raise ValueError(f"{path} is not a usable checkpoint:\n  {problem}")
     kind = _KINDS[payload["kind"]]
     fields = {field.name: payload.get(field.name, _OPTIONAL.get(field.name))
               for field in dataclasses.fields(kind)}
@@ -249,23 +231,18 @@ def load(path: str | os.PathLike) -> ModelFile:
     return kind(**fields)
 
 
-def _why_unreadable(error: BaseException) -> str:
-    """Why ``torch.load(weights_only=True)`` failed, in words for an untrusted file.
-
-    torch's own message for a file its safe reader refuses advises loading it again with
-    ``weights_only=False``, which runs whatever code the file holds: that advice is never
-    passed on. What is kept is the reader's reason (its "WeightsUnpickler error" line).
-    """
-    text = str(error)
-    if "weights_only" not in text and "Weights only" not in text:
-        return f"(truncated or corrupt?): {first_line(error)}"
-    reason = re.search(r"WeightsUnpickler error:\s*(.+)", text)  # the reason may follow on a later line
-    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
-    if found:
-        return (f"(it holds a {found.group(1)}, which is not plain data; it is not loaded, "
-                "since loading it would run code from the file)")
-    detail = reason.group(1).strip() if reason else "the safe reader refused it"
-    return f"(truncated or corrupt?): {detail}"
+def _why_unreadable(path: Path) -> str:
+    """Why the safe reader refused ``path``, in this project's words: torch's own message advises
+    loading it again with ``weights_only=False``, which would run whatever code the file holds,
+    so it is never passed on."""
+    try:  # the names of the classes and functions the file would need to run, if it is an archive
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not an archive at all: truncated, or something else
+        unsafe = []
+    if unsafe:
+        return (f"(it holds a {unsafe[0]}, which is not plain data; it is not loaded, since loading "
+                "it would run code from the file)")
+    return "(truncated or corrupt?)"
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -276,34 +253,15 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     return record
 
 
-def _problems(payload: object) -> list[str]:
-    """Everything wrong with a loaded archive, before any of it is used."""
+def _header_problem(payload: object) -> str | None:
+    """Why an archive is not a file of this format, version and kind, or None."""
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        return [f"not a {FORMAT} file (no format marker)"]
+        return f"not a {FORMAT} file (no format marker)"
     if payload.get("version") != VERSION:
-        return [f"format version {payload.get('version')!r}; this code reads version {VERSION}"]
+        return f"format version {payload.get('version')!r}; this code reads version {VERSION}"
     if payload.get("kind") not in _KINDS:
-        return [f"unknown kind {payload.get('kind')!r}; expected one of {', '.join(_KINDS)}"]
-    names = [field.name for field in dataclasses.fields(_KINDS[payload["kind"]])]
-    problems = [f"field {name}: missing" for name in names if name not in payload and name not in _OPTIONAL]
-    problems += [f"field {name}: expected {_type_name(_FIELDS[name])}, got {type(payload[name]).__name__}"
-                 for name in names if name in payload and not _is(payload[name], _FIELDS[name])]
-    if problems:
-        return problems
-    problems += [f"weights: {name!r} is not a tensor" for name, tensor in payload["weights"].items()
-                 if not isinstance(name, str) or not isinstance(tensor, Tensor)]
-    if "rng" in names and not all(isinstance(state, dict) and isinstance(state.get("cpu"), Tensor)
-                                  for state in payload["rng"]):
-        problems.append("field rng: expected one {'cpu': tensor, 'cuda': ...} per process")
-    return problems
-
-
-def _is(value: object, kind: type | tuple[type, ...]) -> bool:
-    return isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-
-
-def _type_name(kind: type | tuple[type, ...]) -> str:
-    return " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+        return f"unknown kind {payload.get('kind')!r}; expected one of {', '.join(_KINDS)}"
+    return None
 
 
 # --- using ---------------------------------------------------------------------------------
@@ -345,41 +303,6 @@ def build_model(record: ModelFile, variant: str | None = None) -> nn.Module:
     model = build(record.variant if variant is None else variant, record.config)
     import_weights(model, record.weights, config=record.config)
     return model
-
-
-def capture_rng(device: torch.device) -> dict[str, Tensor | None]:
-    """This process's dropout RNG: torch's CPU generator, and on CUDA the device's generator."""
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-    return {"cpu": torch.get_rng_state(), "cuda": cuda}
-
-
-def rng_problems(state: Mapping[str, Tensor | None], device: torch.device) -> list[str]:
-    """Why ``restore_rng(state, device)`` would fail, tried on scratch generators: nothing of
-    this process's RNG changes."""
-    problems = generator_problems("rng cpu", state.get("cpu"), torch.device("cpu"))
-    if device.type == "cuda" and state.get("cuda") is not None:
-        problems += generator_problems("rng cuda", state["cuda"], device)
-    return problems
-
-
-def generator_problems(name: str, state: object, device: torch.device) -> list[str]:
-    """Why a ``torch.Generator`` on ``device`` would refuse ``state`` (tried on a scratch one)."""
-    if not isinstance(state, Tensor):
-        return [f"{name}: expected a generator state tensor, got {type(state).__name__}"]
-    try:
-        torch.Generator(device=device).set_state(state)
-    except (RuntimeError, TypeError, ValueError) as error:
-        return [f"{name}: not a generator state of this kind ({first_line(error)})"]
-    return []
-
-
-def restore_rng(state: Mapping[str, Tensor | None], device: torch.device) -> None:
-    """Put back what ``capture_rng`` took (the CUDA state only when training on CUDA again)."""
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and state.get("cuda") is not None:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
 
 
 # --- where they live -------------------------------------------------------------------------

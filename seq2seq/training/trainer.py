@@ -23,17 +23,9 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from common.cli import first_line
 from common.weights import apply_import, export_weights, prepare_import
 from seq2seq.training import distributed
-from seq2seq.training.checkpoint import (
-    Checkpoint,
-    capture_rng,
-    check_resumable,
-    generator_problems,
-    restore_rng,
-    rng_problems,
-)
+from seq2seq.training.checkpoint import Checkpoint, check_resumable
 from seq2seq.training.distributed import SINGLE, World
 from seq2seq.training.recipe import Recipe, StepReport, make_optimizer, train_step
 
@@ -129,19 +121,18 @@ class Trainer:
 
         All or nothing. Refused with a ``ValueError`` naming every difference unless it was
         written by a run of ``variant`` with this config and these settings on as many
-        processes; then every part is checked — the weights, Adam's and the schedule's states
-        (loaded into a scratch optimiser first), the RNG states (set on scratch generators) —
-        and only then is anything applied. A refused checkpoint leaves the run exactly as it
-        was: weights, Adam, step, RNG and batch stream.
+        processes (``check_resumable``); then the parts torch's loaders would take without
+        looking are checked against this run's own — Adam's moments against the parameters,
+        the schedule's fields and step, the generator states' kind and size — and only then is
+        anything applied. A refused checkpoint leaves the run exactly as it was: weights, Adam,
+        step, RNG and batch stream.
         """
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(f"checkpoint must be a Checkpoint, got {type(checkpoint).__name__}")
         check_resumable(checkpoint, variant=variant, config=self.model.config,
                         settings=self.settings(), processes=self.world.size)
         weights = prepare_import(self.model, checkpoint.weights, config=checkpoint.config)
-        problems = self._schedule_problems(checkpoint)
-        problems += rng_problems(checkpoint.rng[self.world.rank], self.device)
-        problems += generator_problems("data_rng", checkpoint.data_rng, self.batches.generator.device)
+        problems = self._state_problems(checkpoint)
         if problems:
             raise ValueError("checkpoint cannot be restored:\n  " + "\n  ".join(problems))
         # every part has been checked: from here on nothing can fail half way
@@ -151,31 +142,56 @@ class Trainer:
         self.batches.generator.set_state(checkpoint.data_rng)
         restore_rng(checkpoint.rng[self.world.rank], self.device)
 
-    def _schedule_problems(self, checkpoint: Checkpoint) -> list[str]:
-        """What is wrong with the checkpoint's Adam and schedule states, found by loading them
-        into a scratch optimiser and schedule over this model's parameters (which a load does
-        not change) and checking what torch's loaders do not: each moment's shape and
-        finiteness, and the schedule's fields and step."""
-        optimizer, scheduler = make_optimizer(self.model, self.recipe)
-        params = [param for group in optimizer.param_groups for param in group["params"]]
-        problems = _adam_problems(checkpoint.optimizer, params)
-        problems += _schedule_state_problems(checkpoint.scheduler, scheduler.state_dict(), checkpoint.step)
-        if problems:
-            return problems
-        try:
-            optimizer.load_state_dict(checkpoint.optimizer)
-            scheduler.load_state_dict(checkpoint.scheduler)
-        except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            return [f"optimizer or scheduler: torch cannot load them ({first_line(error)})"]
+    def _state_problems(self, checkpoint: Checkpoint) -> list[str]:
+        """What is wrong with the checkpoint's Adam, schedule and generator states for this run,
+        compared with its own (nothing is loaded, no scratch optimiser or generator is made)."""
+        params = [param for group in self.optimizer.param_groups for param in group["params"]]
+        groups = self.optimizer.state_dict()["param_groups"]
+        problems = _adam_problems(checkpoint.optimizer, params, groups)
+        problems += _schedule_state_problems(checkpoint.scheduler, self.scheduler.state_dict(),
+                                             checkpoint.step)
+        rng = checkpoint.rng[self.world.rank]
+        rng = rng if isinstance(rng, dict) else {}
+        problems += _generator_problems("rng cpu", rng.get("cpu"), torch.get_rng_state())
+        if self.device.type == "cuda" and rng.get("cuda") is not None:
+            problems += _generator_problems("rng cuda", rng["cuda"], torch.cuda.get_rng_state(self.device))
+        problems += _generator_problems("data_rng", checkpoint.data_rng, self.batches.generator.get_state())
+        return problems
+
+
+def capture_rng(device: torch.device) -> dict[str, Tensor | None]:
+    """This process's dropout RNG: torch's CPU generator, and on CUDA the device's generator."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def restore_rng(state: dict[str, Tensor | None], device: torch.device) -> None:
+    """Put back what ``capture_rng`` took (the CUDA state only when training on CUDA again)."""
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _generator_problems(name: str, state: object, like: Tensor) -> list[str]:
+    """Why ``state`` is not a generator state of the kind ``like`` is (its dtype and size)."""
+    if isinstance(state, Tensor) and state.dtype == like.dtype and state.shape == like.shape:
         return []
+    got = f"{state.dtype} {tuple(state.shape)}" if isinstance(state, Tensor) else type(state).__name__
+    return [f"{name}: not a generator state of this kind "
+            f"(expected {like.dtype} {tuple(like.shape)}, got {got})"]
 
 
-def _adam_problems(state: object, params: list[Tensor]) -> list[str]:
-    """Adam's state dict against the parameters it must fit: every moment of parameter i has
-    its shape and is finite (``load_state_dict`` checks the groups, not the tensors)."""
+def _adam_problems(state: object, params: list[Tensor], groups: list[dict]) -> list[str]:
+    """Adam's state dict against the parameters it must fit: its groups hold as many parameters
+    as ``groups``, and every moment of parameter i has its shape and is finite."""
     if not isinstance(state, dict) or not isinstance(state.get("state"), dict) \
             or not isinstance(state.get("param_groups"), list):
         return ["optimizer: expected Adam's state_dict, a dict with 'state' and 'param_groups'"]
+    sizes = [len(group.get("params", ())) if isinstance(group, dict) else None
+             for group in state["param_groups"]]
+    if sizes != [len(group["params"]) for group in groups]:
+        return [f"optimizer.param_groups: {sizes} parameters per group, this run has "
+                f"{[len(group['params']) for group in groups]}"]
     problems = []
     for index, entry in state["state"].items():
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(params):
