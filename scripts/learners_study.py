@@ -47,7 +47,6 @@ from seq2seq.translation import (
     train_translation,
     training_sentences,
     translate,
-    translation_config,
     validation_loss,
 )
 from variants import REFERENCE, VARIANTS, build
@@ -123,7 +122,7 @@ def prepare(settings: LearnersSettings) -> LearnerData:
                              translation.pool_size, settings.seed)
     return LearnerData(corpus, vocabulary, encode_pairs(vocabulary, corpus.pairs("train")),
                        encode_pairs(vocabulary, corpus.pairs("valid")),
-                       corpus.test[:settings.test_sentences], translation_config(translation, vocabulary),
+                       corpus.test[:settings.test_sentences], translation.config(),
                        stream)
 
 

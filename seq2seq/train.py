@@ -7,10 +7,11 @@ reporting held-out exact-sequence accuracy of greedy decoding; or on a real corp
     python -m seq2seq.train --checkpoint-dir runs/a --steps 600 --resume
     python -m seq2seq.train --task translate --data fra-eng.zip --preset cpu --checkpoint-dir runs/fr
 
-A thin shell over the library: ``seq2seq.data.tasks`` (the data stream), ``seq2seq.training.recipe`` (the
-recipe), ``seq2seq.training.trainer`` (the run, under torchrun one shard per process), ``seq2seq.training.checkpoint``
-and ``seq2seq.evaluation``; for translation ``seq2seq.data.corpus``, ``seq2seq.data.subwords`` and
-``seq2seq.translation``. It parses and validates options, shows a tqdm progress bar on stderr
+A thin shell over the library: ``seq2seq.data`` (the task stream; for translation the corpus,
+its vocabulary and batches), ``seq2seq.training`` (the recipe, the run, under torchrun one shard
+per process, its checkpoints), ``seq2seq.evaluation`` and ``seq2seq.translation``. It parses the
+options once, filling each one not given from a table of defaults (``TASK_DEFAULTS`` for the
+synthetic tasks, the chosen ``--preset`` for translation), shows a tqdm progress bar on stderr
 (rank 0), writes checkpoints (rank 0), and prints the results on stdout (rank 0).
 """
 
@@ -31,6 +32,7 @@ from common.cli import Parser, config_or_exit, device_or_exit, directory_problem
 from seq2seq.data import tasks
 from seq2seq.data.batches import TokenBatches, TranslationData, encode_pairs
 from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
+from seq2seq.data.ids import PAD_ID
 from seq2seq.data.subwords import Vocabulary, train_vocabulary
 from seq2seq.data.tasks import TaskBatches, TaskData
 from seq2seq.evaluation import accuracy_line, held_out_accuracy, score_lines
@@ -51,12 +53,17 @@ from seq2seq.translation import (
     evaluate,
     train_translation,
     training_sentences,
-    translation_config,
     validation_loss,
 )
 from variants import VARIANTS, build
 
 TRANSLATE = "translate"
+# the defaults of the synthetic tasks for the options a translation preset also sets: the
+# parser fills each option not given from this table, or from the preset with --task translate
+TASK_DEFAULTS: dict[str, object] = {
+    "steps": 300, "warmup": 100, "lr_factor": 1.0, "label_smoothing": 0.1, "vocab": 13, "d_model": 64,
+    "heads": 4, "layers": 2, "d_ff": 128, "dropout": 0.0, "norm_first": False, "share_embeddings": False,
+}
 # TranslationSettings field -> the option that sets it (and takes the preset's value as default)
 PRESET_OPTIONS = {
     "vocabulary_size": "vocab", "d_model": "d_model", "n_heads": "heads", "n_layers": "layers",
@@ -65,6 +72,19 @@ PRESET_OPTIONS = {
     "lr_factor": "lr_factor", "label_smoothing": "label_smoothing", "steps": "steps",
     "minutes": "minutes", "eval_every": "eval_every",
 }
+
+
+def defaults(task: str, preset: str) -> dict[str, object]:
+    """The value of each option a run takes when it is not given: the tasks' table, or the
+    translation preset's settings."""
+    if task != TRANSLATE:
+        return TASK_DEFAULTS
+    return {option: getattr(PRESETS[preset], field) for field, option in PRESET_OPTIONS.items()}
+
+
+def _default(option: str, text: str = "") -> str:
+    """An option's help: its text, the tasks' default, and that translation takes the preset's."""
+    return f"{text}{'; ' if text else ''}default {TASK_DEFAULTS[option]}, --task {TRANSLATE}: the preset's"
 
 
 @contextlib.contextmanager
@@ -113,27 +133,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
     parser.add_argument("--task", choices=(*tasks.TASKS, TRANSLATE), default="reverse")
-    parser.add_argument("--steps", type=positive(int), default=300,
-                        help="steps in all (a resumed run continues up to this many)")
+    parser.add_argument("--steps", type=positive(int),
+                        help=_default("steps", "steps in all (a resumed run continues up to this many)"))
     parser.add_argument("--batch", type=int, default=128,
                         help="sequences per step, all processes together")
     parser.add_argument("--seed", type=int, default=0, help="weights, training data and dropout")
-    parser.add_argument("--warmup", type=int, default=100,
-                        help="warm-up steps (the paper: 4000 for 100k steps)")
-    parser.add_argument("--lr-factor", type=float, default=1.0)
-    parser.add_argument("--label-smoothing", type=float, default=0.1)
-    parser.add_argument("--vocab", type=int, default=13, help="vocabulary size, PAD/BOS/EOS included")
+    parser.add_argument("--warmup", type=int,
+                        help=_default("warmup", "warm-up steps (the paper: 4000 for 100k steps)"))
+    parser.add_argument("--lr-factor", type=float, help=_default("lr_factor"))
+    parser.add_argument("--label-smoothing", type=float, help=_default("label_smoothing"))
+    parser.add_argument("--vocab", type=int, help=_default("vocab", "vocabulary size, PAD/BOS/EOS included"))
     parser.add_argument("--min-len", type=int, default=1)
     parser.add_argument("--max-len", type=int, default=10)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--d-ff", type=int, default=128)
-    parser.add_argument("--dropout", type=float, default=0.0)
-    parser.add_argument("--norm-first", action="store_true", help="pre-norm instead of post-norm")
-    parser.add_argument("--share-embeddings", action=argparse.BooleanOptionalAction, default=False,
-                        help="one matrix for both embeddings and the generator (paper section 3.4); "
-                             "the tasks' source and target share one vocabulary (translate: on)")
+    for option in ("d_model", "heads", "layers", "d_ff"):
+        parser.add_argument(f"--{option.replace('_', '-')}", type=int, help=_default(option))
+    parser.add_argument("--dropout", type=float, help=_default("dropout"))
+    parser.add_argument("--norm-first", action="store_true", default=None,
+                        help=_default("norm_first", "pre-norm instead of post-norm"))
+    parser.add_argument("--share-embeddings", action=argparse.BooleanOptionalAction,
+                        help=_default("share_embeddings", "one matrix for both embeddings and the "
+                                      "generator (paper section 3.4); the tasks' source and target "
+                                      "share one vocabulary"))
     parser.add_argument("--bf16", action="store_true",
                         help="forward pass under bfloat16 autocast (CPU or CUDA); off by default")
     parser.add_argument("--eval-size", type=positive(int), default=1000, help="held-out sequences")
@@ -164,11 +184,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              help="stop after this much training time (validation not counted)")
     translation.add_argument("--eval-every", type=positive(int), default=None, metavar="STEPS",
                              help="validation loss and greedy BLEU every STEPS steps")
-    known, _ = parser.parse_known_args(argv)
-    if known.task == TRANSLATE:  # the preset's values become the defaults
-        preset = PRESETS[known.preset]
-        parser.set_defaults(**{option: getattr(preset, field) for field, option in PRESET_OPTIONS.items()})
     args = parser.parse_args(argv)
+    for option, value in defaults(args.task, args.preset).items():
+        if getattr(args, option) is None:
+            setattr(args, option, value)
     if (args.resume or args.save_every) and args.checkpoint_dir is None:
         parser.error("--resume and --save-every need --checkpoint-dir")
     if args.task == TRANSLATE:
@@ -195,7 +214,7 @@ def _task_args(parser: Parser, args: argparse.Namespace) -> None:
     args.config = config_or_exit(
         parser, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff,
         dropout=args.dropout, src_vocab_size=args.vocab, tgt_vocab_size=args.vocab,
-        max_seq_len=args.max_len + 2, norm_first=args.norm_first, pad_id=tasks.PAD_ID,
+        max_seq_len=args.max_len + 2, norm_first=args.norm_first, pad_id=PAD_ID,
         share_embeddings=args.share_embeddings,
     )  # the longest target is BOS, max_len tokens, EOS
 
@@ -212,14 +231,9 @@ def _translation_args(parser: Parser, args: argparse.Namespace) -> None:
         args.translation = PRESETS[args.preset].replace(
             **{field: getattr(args, option) for field, option in PRESET_OPTIONS.items()})
         args.recipe = args.translation.recipe()
+        args.config = args.translation.config()  # the model's, built once
     except (TypeError, ValueError) as error:
         parser.error(str(error))
-    settings = args.translation
-    args.config = config_or_exit(
-        parser, d_model=settings.d_model, n_heads=settings.n_heads, n_layers=settings.n_layers,
-        d_ff=settings.d_ff, dropout=settings.dropout, src_vocab_size=settings.vocabulary_size,
-        tgt_vocab_size=settings.vocabulary_size, max_seq_len=settings.max_seq_len,
-        norm_first=settings.norm_first, pad_id=tasks.PAD_ID, share_embeddings=settings.share_embeddings)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -313,7 +327,7 @@ def _train(args: argparse.Namespace, trainer: Trainer,
     if not trainer.world.is_main:
         losses = run(save_when_due)
     else:
-        minutes = args.translation.minutes if args.task == "translate" else None
+        minutes = args.translation.minutes if args.task == TRANSLATE else None
         with progress_bar(args.steps, done=trainer.step, minutes=minutes) as show_step:
 
             def on_step(report: StepReport) -> None:
@@ -357,7 +371,7 @@ def _translate(args: argparse.Namespace, world: World, device: torch.device) -> 
         batches = TokenBatches(encode_pairs(vocabulary, corpus.pairs("train")), data)
     except ValueError as error:
         sys.exit(f"python -m seq2seq.train: error: {one_line(error)}")
-    model = build(args.variant, translation_config(settings, vocabulary), seed=args.seed).to(device)
+    model = build(args.variant, args.config, seed=args.seed).to(device)
     trainer = Trainer(model, batches, args.recipe, world=world, bf16=args.bf16)
     seed_dropout(args.seed, world)
     if args.resume:

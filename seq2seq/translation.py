@@ -9,7 +9,7 @@ reference.
     data = TranslationData(CorpusSettings("fra-eng.zip"), settings.vocabulary_settings(),
                            settings.batch_tokens, settings.pool_size, seed=0)
     batches = TokenBatches(encode_pairs(vocabulary, corpus.pairs("train")), data)
-    model = build("explicit", translation_config(settings, vocabulary), seed=0)
+    model = build("explicit", settings.config(), seed=0)
     trainer = Trainer(model, batches, settings.recipe())
     train_translation(trainer, settings)                     # up to settings.steps / .minutes
     translate(model, vocabulary, ["I'm hungry."], beam_size=4)        # ["J'ai faim."]
@@ -18,8 +18,9 @@ reference.
 The batches (``TranslationData``, ``encode_pairs``, ``TokenBatches``) are
 ``seq2seq.data.batches``'. A source is its pieces then EOS; a target is BOS, its pieces, EOS
 (``seq2seq.data.ids``). Source and target share one joint vocabulary, so the model ties its
-three embedding matrices by default (``share_embeddings``, paper section 3.4). Prints nothing: ``python -m seq2seq.train --task
-translate`` and ``python -m seq2seq.translate`` are the command lines over this.
+three embedding matrices by default (``share_embeddings``, paper section 3.4). Prints nothing:
+``python -m seq2seq.train --task translate`` and ``python -m seq2seq.translate`` are the command
+lines over this.
 
 Shape legend:
     B  sentences (batch)   S  source length   T  target length (BOS and EOS included)
@@ -94,6 +95,15 @@ class TranslationSettings:
     def recipe(self) -> Recipe:
         return Recipe(warmup=self.warmup, lr_factor=self.lr_factor, label_smoothing=self.label_smoothing)
 
+    def config(self) -> TransformerConfig:
+        """The model's config: both sides share the joint vocabulary of ``vocabulary_size``
+        pieces (sentencepiece trains exactly that many)."""
+        return TransformerConfig(
+            d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers, d_ff=self.d_ff,
+            dropout=self.dropout, src_vocab_size=self.vocabulary_size, tgt_vocab_size=self.vocabulary_size,
+            max_seq_len=self.max_seq_len, norm_first=self.norm_first, pad_id=PAD_ID,
+            share_embeddings=self.share_embeddings)
+
     def replace(self, **changes: object) -> TranslationSettings:
         return dataclasses.replace(self, **changes)
 
@@ -118,16 +128,6 @@ def training_sentences(corpus: Corpus) -> Iterator[str]:
     for example in corpus.train:
         yield example.source
         yield from example.references
-
-
-def translation_config(settings: TranslationSettings, vocabulary: Vocabulary) -> TransformerConfig:
-    """The model config of ``settings`` over ``vocabulary`` (both sides share it)."""
-    return TransformerConfig(
-        d_model=settings.d_model, n_heads=settings.n_heads, n_layers=settings.n_layers,
-        d_ff=settings.d_ff, dropout=settings.dropout, src_vocab_size=vocabulary.size,
-        tgt_vocab_size=vocabulary.size, max_seq_len=settings.max_seq_len,
-        norm_first=settings.norm_first, pad_id=PAD_ID, share_embeddings=settings.share_embeddings,
-    )
 
 
 # --- training ------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from seq2seq.data.corpus import normalize
 from seq2seq.data.ids import BOS_ID, EOS_ID
 from seq2seq.data.subwords import VocabularySettings, train_vocabulary
 from seq2seq.training.checkpoint import ModelFile, save
-from seq2seq.translation import TranslationSettings, translate, translation_config
+from seq2seq.translation import TranslationSettings, translate
 from tests.seq2seq.conftest import sample_pairs
 from variants import build
 
@@ -37,7 +37,7 @@ def vocabulary():
 
 
 def test_the_weights_are_each_layers_cross_attention_over_the_pieces(vocabulary):
-    model = build("fused", translation_config(TINY, vocabulary), seed=3)  # read through a mathfirst copy
+    model = build("fused", TINY.config(), seed=3)  # read through a mathfirst copy
     picture = cross_attention(model, vocabulary, SENTENCE, beam_size=1)
 
     # the labels: sentencepiece's own pieces of the sentence, then EOS
@@ -68,7 +68,7 @@ def test_the_weights_are_each_layers_cross_attention_over_the_pieces(vocabulary)
 
 
 def test_bad_translation_options_fail_in_one_line(tmp_path, vocabulary, capsys):
-    config = translation_config(TINY, vocabulary)
+    config = TINY.config()
     model_file = save(ModelFile("explicit", config, {}, export_weights(build("explicit", config, seed=0)),
                                 vocabulary=vocabulary.to_tensor()), tmp_path / "model.pt")
     no_vocabulary = save(ModelFile("explicit", config, {}, export_weights(build("explicit", config, seed=0))),
@@ -96,7 +96,7 @@ def test_draws_one_picture_per_sentence(tmp_path, vocabulary):
     pytest.importorskip("matplotlib")
     from matplotlib.image import imread
 
-    config = translation_config(TINY, vocabulary)
+    config = TINY.config()
     model_file = save(ModelFile("explicit", config, {}, export_weights(build("explicit", config, seed=0)),
                                 vocabulary=vocabulary.to_tensor()), tmp_path / "model.pt")
     out = tmp_path / "pictures"

@@ -26,7 +26,6 @@ from seq2seq.translation import (
     train_translation,
     training_sentences,
     translate,
-    translation_config,
 )
 from tests.seq2seq.conftest import write_export
 from variants import build
@@ -258,7 +257,7 @@ TINY = TranslationSettings(vocabulary_size=120, d_model=16, n_heads=2, n_layers=
 
 def tiny_trainer(sample_corpus, corpus, vocabulary, seed=0) -> Trainer:
     data = data_settings(sample_corpus)
-    model = build("explicit", translation_config(TINY, vocabulary), seed=seed)
+    model = build("explicit", TINY.config(), seed=seed)
     return Trainer(model, TokenBatches(encode_pairs(vocabulary, corpus.pairs("train")), data), TINY.recipe())
 
 
@@ -346,7 +345,7 @@ def test_a_tiny_model_learns_the_sample_and_beam_search_scores_it(sample_corpus,
     vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
     data = TranslationData(CorpusSettings(str(sample_corpus.path)), settings.vocabulary_settings(),
                            settings.batch_tokens, settings.pool_size, seed=0)
-    model = build("explicit", translation_config(settings, vocabulary), seed=0).double()
+    model = build("explicit", settings.config(), seed=0).double()
     trainer = Trainer(model, TokenBatches(encode_pairs(vocabulary, corpus.pairs("train")), data),
                       settings.recipe())
     losses = train_translation(trainer, settings)
