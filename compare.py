@@ -11,6 +11,7 @@ the times.
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
+    python compare.py --processes 3                     # pooled over three fresh interpreters
 
 This file is the command line only: options -> ``benchmarks.settings.Settings`` ->
 ``benchmarks.run.run`` -> ``benchmarks.render.render``. The method is in ``benchmarks/``.
@@ -34,9 +35,10 @@ from tqdm import tqdm
 
 from benchmarks.engines import ENGINES, engines_problem, row_argument
 from benchmarks.plot import matplotlib_problem, path_problem, plot
+from benchmarks.processes import run_processes
 from benchmarks.render import FORMATS, contention_line, render, write_table
 from benchmarks.run import run
-from benchmarks.settings import Settings
+from benchmarks.settings import MIN_RUN_TIME, ROUNDS, Settings
 from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
 from common.cli import Parser, config_or_exit, device_or_exit, positive
 from variants import VARIANTS, ordered
@@ -84,10 +86,17 @@ def command_line() -> Parser:
     parser.add_argument("--output", metavar="FILE", help="write the table here instead of stdout")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="also draw the times relative to torch as a PNG (needs the plot extra)")
-    parser.add_argument("--rounds", type=positive(int), default=3,
-                        help="interleaved rounds over the variants, merged per cell (default 3)")
-    parser.add_argument("--min-run-time", type=positive(float), default=0.4, metavar="SECONDS",
-                        help="blocked_autorange time per cell and round (default 0.4)")
+    parser.add_argument("--rounds", type=positive(int), default=ROUNDS,
+                        help="rounds, each timing every row once in a fresh shuffled order; ratios "
+                             f"are paired by round, with 95%% intervals over them (default {ROUNDS})")
+    parser.add_argument("--min-run-time", type=positive(float), default=MIN_RUN_TIME, metavar="SECONDS",
+                        help=f"blocked_autorange time per cell and round (default {MIN_RUN_TIME})")
+    parser.add_argument("--no-control", action="store_true",
+                        help="do not time torch a second time as the control (torch against itself, "
+                             "the run's resolution; on by default)")
+    parser.add_argument("--processes", type=positive(int), default=1, metavar="N",
+                        help="repeat the measurement in N fresh interpreters and pool their rounds; "
+                             "intervals then resample processes, then rounds (default 1)")
     parser.add_argument("--decode-len", type=positive(int), default=16, metavar="L",
                         help="greedy-decoding length incl. BOS for the decode column; 1 skips it "
                              "(default 16)")
@@ -142,7 +151,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
         variants=ordered(name for name in args.variants if name not in ENGINES),
         autocast=args.autocast, compile=args.compile, freeze=args.freeze,
         threads=args.threads or torch.get_num_threads(),  # main() settles it on the cores found free
-        rounds=args.rounds, min_run_time=args.min_run_time, decode_len=args.decode_len,
+        rounds=args.rounds, min_run_time=args.min_run_time, control=not args.no_control,
+        decode_len=args.decode_len,
         all_decoders=args.all_decoders,
         seed=args.seed, keep_freed_memory=args.malloc == "keep",
         torch_fast_path=not args.no_torch_fast_path, show_progress=not args.quiet,
@@ -155,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
     choice = settle_threads(args.threads, torch.get_num_threads())
     if choice.line and (choice.busy or not args.quiet):
         tqdm.write(f"compare.py: {choice.line}", file=sys.stderr)
-    report = run(dataclasses.replace(settings, threads=choice.threads, thread_choice=choice))
+    settings = dataclasses.replace(settings, threads=choice.threads, thread_choice=choice)
+    try:
+        report = run(settings) if args.processes == 1 else run_processes(settings, args.processes)
+    except RuntimeError as error:  # a fresh process that failed: its last line
+        sys.exit(f"compare.py: error: {error}")
     text = render(report, args.format, wide=args.wide)
     if problem := write_table(text, args.output):
         sys.exit(f"compare.py: error: {problem}")

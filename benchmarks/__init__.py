@@ -8,6 +8,7 @@ One job per module, in the order a run uses them:
     machine        whether the cores are busy, the threads to time with, the OpenMP wait policy
     settings       ``Settings``: everything one run is asked to do, frozen
     measured       what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
+    ratios         ratios paired by round with their bootstrap interval; the rounds' shuffled orders
     timing         ``torch.utils.benchmark`` timers for the steps and the matmul peak
     memory         the allocator policy, each step's peak memory, the key/value cache's bytes
     failures       telling an out-of-memory apart, and recovering from a failed step
@@ -23,12 +24,13 @@ The timings are ``bench_*.py`` (pytest-benchmark; ``pytest benchmarks/``, not ru
 
 Method:
 - one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);
-- the variants are interleaved, ``Settings.rounds`` times, so drift hits every row alike, and
-  the rounds are merged into one measurement per cell;
+- many short rounds (``Settings.rounds``), each timing every row once in a fresh shuffled
+  order (``ratios.round_orders``), the cores' load read in every round; a cell's time is its
+  rounds merged, and each ratio between rows is paired by round, with a 95% bootstrap
+  interval (``ratios.paired_ratio``) and a control: torch timed again as a row of its own;
 - the thread count is fixed (``Settings.threads``) and reported; CUDA is synchronised by the
   Timer; the entry points choose it from the cores other processes leave free
-  (``machine.settle_threads``), and a cell whose rounds disagree is marked
-  (``timing.ROUNDS_SPREAD_BOUND``);
+  (``machine.settle_threads``);
 - peak memory: CUDA ``max_memory_allocated`` over the step; CPU the peak of the bytes the
   step allocates (``torch.profiler`` memory events, in time order); both plus the model's own
   parameters and buffers;

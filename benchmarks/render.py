@@ -10,28 +10,31 @@ import sys
 import tabulate as tabulate_module
 from tabulate import tabulate, tabulate_formats
 
-from benchmarks.timing import ROUNDS_SPREAD_BOUND
 from variants import REFERENCE
 
 FORMATS = (*tabulate_formats, "json", "csv")
 
 # The default table: one screen wide (<= 120 characters in the github style at the presets'
 # sizes); every number below and in WIDE_COLUMNS stays in the json and csv output.
+RATIO = "ratio"  # a column's format: a paired ratio, with its interval in the wide table
 COMPACT_COLUMNS = [  # (title, report key, format; None = a time with its spread)
     ("variant", "variant", "{}"),
     ("params M", "params", lambda v: f"{v / 1e6:.2f}"),
     ("fwd ms", "forward_ms", "{:.1f}"),
-    ("×torch", "forward_vs_torch", "{:.2f}"),
+    ("×torch", "forward_vs_torch", RATIO),
     ("train ms", "train_ms", "{:.1f}"),
-    ("×torch", "train_vs_torch", "{:.2f}"),
+    ("×torch", "train_vs_torch", RATIO),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
-    ("×torch", "decode_vs_torch", "{:.2f}"),
+    ("×torch", "decode_vs_torch", RATIO),
     ("% peak", "train_pct_peak", "{:.0f}%"),
     ("peak MB", "train_peak_mb", "{:,.0f}"),
     ("max Δ logp", "max_abs_dlogp", "{:.1e}"),
 ]
-COMPACT_LEGEND = ("×torch: time / torch's (< 1 is faster) · % peak: train step's FLOP/s / matmul peak · "
-                  "peak MB: train step")
+SAME_MARK = "≈"
+COMPACT_LEGEND = ("×torch: time / torch's, paired by round (< 1 is faster) · % peak: train FLOP/s / matmul "
+                  "peak · peak MB: train step")
+SAME_LEGEND = (f"{SAME_MARK}: not told apart from torch: its 95% interval holds 1, or it lies inside the "
+               "control's (--wide: intervals)")
 WIDE_COLUMNS = [  # compare.py --wide: every column
     ("variant", "variant", "{}"),
     ("params M", "params", lambda v: f"{v / 1e6:.2f}"),
@@ -44,33 +47,31 @@ WIDE_COLUMNS = [  # compare.py --wide: every column
     ("train % peak", "train_pct_peak", "{:.0f}%"),
     ("fwd peak MB", "forward_peak_mb", "{:,.0f}"),
     ("train peak MB", "train_peak_mb", "{:,.0f}"),
-    ("fwd vs torch", "forward_vs_torch", "{:.2f}x"),
-    ("train vs torch", "train_vs_torch", "{:.2f}x"),
+    ("fwd vs torch [95%]", "forward_vs_torch", RATIO),
+    ("train vs torch [95%]", "train_vs_torch", RATIO),
     ("max |Δ logp|", "max_abs_dlogp", "{:.1e}"),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
-    ("decode vs torch", "decode_vs_torch", "{:.2f}x"),
+    ("decode vs torch [95%]", "decode_vs_torch", RATIO),
     # with all_decoders (compare.py --all-decoders): the other decoders, the cache's speed-up and size
     ("uncached tok/s", "decode_uncached_tokens_per_s", "{:,.0f}"),
     ("beam-4 tok/s", "beam_tokens_per_s", "{:,.0f}"),
-    ("cache speed-up", "decode_cache_speedup", "{:.1f}x"),
-    ("beam step / greedy step", "beam_step_vs_greedy", "{:.2f}x"),
+    ("beam vs torch [95%]", "beam_vs_torch", RATIO),
+    ("cache speed-up [95%]", "decode_cache_speedup", RATIO),
+    ("beam step / greedy step [95%]", "beam_step_vs_greedy", RATIO),
     ("cache KiB/token", "cache_bytes_per_token", lambda v: f"{v / 1024:,.0f}"),
     ("compile s", "compile_s", "{:.1f}"),
-    ("fwd speed-up, compiled", "forward_compile_speedup", "{:.2f}x"),
-    ("train speed-up, compiled", "train_compile_speedup", "{:.2f}x"),
+    ("fwd speed-up, compiled [95%]", "forward_compile_speedup", RATIO),
+    ("train speed-up, compiled [95%]", "train_compile_speedup", RATIO),
 ]
 COMPILE_COLUMNS = {"compile_s", "forward_compile_speedup", "train_compile_speedup"}
 DECODE_COLUMNS = {"decode_tokens_per_s", "decode_vs_torch"}  # cached greedy, unless decode_len 1
-DECODERS_COLUMNS = {"decode_uncached_tokens_per_s", "beam_tokens_per_s", "decode_cache_speedup",
-                    "beam_step_vs_greedy", "cache_bytes_per_token"}
+DECODERS_COLUMNS = {"decode_uncached_tokens_per_s", "beam_tokens_per_s", "beam_vs_torch",
+                    "decode_cache_speedup", "beam_step_vs_greedy", "cache_bytes_per_token"}
 TIMED_COLUMNS = ("forward_ms", "train_ms", "decode_tokens_per_s", "decode_uncached_tokens_per_s",
                  "beam_tokens_per_s")  # "OOM" or "error" on failure
 MODES = ("forward", "train", "decode_uncached", "decode", "beam")  # by key prefix, longest first
-# the columns computed from a mode's time: marked when that mode's rounds disagree
-TIMED_SUFFIXES = ("_ms", "_tokens_per_s", "_vs_torch", "_pct_peak", "_gflops")
-UNSTEADY_MARK = "~"
-UNSTEADY_LEGEND = (f"{UNSTEADY_MARK}: its rounds differ by over {ROUNDS_SPREAD_BOUND:.0%} of their median "
-                   "(a ×torch: either row's); read it as noise, not as the code's speed")
+# the control's line under a table: (label, key)
+CONTROL_RATIOS = (("fwd", "forward_vs_torch"), ("train", "train_vs_torch"), ("decode", "decode_vs_torch"))
 
 
 def render(report: dict, fmt: str, wide: bool = False) -> str:
@@ -85,11 +86,11 @@ def render(report: dict, fmt: str, wide: bool = False) -> str:
     for block in report["blocks"]:
         headers, lines = table_rows(block, meta["compile"], meta["decode_len"] > 1,
                                     meta.get("all_decoders", False), wide)
-        marked = any(text.endswith(UNSTEADY_MARK) for line in lines for text in line)
+        marked = any(text.startswith(SAME_MARK) for line in lines for text in line)
         parts.append("\n".join([*header_lines(meta, block), table(lines, headers, fmt),
                                 *(f"  {note}" for note in notes(meta, block, wide, marked))]))
-    warning = contention_line(meta)
-    return "\n\n".join([warning, *parts] if warning else parts) + "\n"
+    warnings = [line for line in (contention_line(meta), busy_rounds_line(report)) if line]
+    return "\n\n".join(["\n".join(warnings), *parts] if warnings else parts) + "\n"
 
 
 def write_table(text: str, path: str | None) -> str | None:
@@ -140,15 +141,14 @@ def table_rows(block: dict, show_compile: bool, show_decode: bool, show_decoders
                if (show_compile or c[1] not in COMPILE_COLUMNS)
                and (show_decode or c[1] not in DECODE_COLUMNS)
                and ((show_decode and show_decoders) or c[1] not in DECODERS_COLUMNS)]
-    reference = next((r for r in block["rows"] if r["variant"] == REFERENCE), None)
-    return [c[0] for c in columns], [[cell(result, key, fmt, reference) for _, key, fmt in columns]
+    return [c[0] for c in columns], [[cell(result, key, fmt, wide) for _, key, fmt in columns]
                                      for result in block["rows"]]
 
 
-def cell(result: dict, key: str, fmt, reference: dict | None = None) -> str:
-    """One formatted cell: "OOM"/"error" for a failed step, "-" for nothing measured; a time
-    (or a number made from it) whose rounds disagree ends in ``UNSTEADY_MARK``, a ratio to
-    the ``reference`` row also when the reference's rounds do."""
+def cell(result: dict, key: str, fmt, wide: bool = False) -> str:
+    """One formatted cell: "OOM"/"error" for a failed step, "-" for nothing measured; a ratio
+    as its value, marked ``SAME_MARK`` when not told apart from 1 (compact), or with its
+    interval (``wide``)."""
     mode = next((m for m in MODES if key.startswith(m)), None)
     error = result.get(f"{mode}_error") if mode else None
     value = result.get(key)
@@ -157,14 +157,20 @@ def cell(result: dict, key: str, fmt, reference: dict | None = None) -> str:
     if value is None:
         return "-"
     if fmt is None:
-        text = f"{value:.1f} ({result[key.replace('_ms', '_iqr_ms')]:.1f})"
-    else:
-        text = fmt(value) if callable(fmt) else fmt.format(value)
-    unsteady = mode is not None and key.endswith(TIMED_SUFFIXES) and (
-        result.get(f"{mode}_rounds_disagree")
-        or (key.endswith("_vs_torch") and reference is not None
-            and reference.get(f"{mode}_rounds_disagree")))
-    return text + UNSTEADY_MARK if unsteady else text
+        return f"{value:.1f} ({result[key.replace('_ms', '_iqr_ms')]:.1f})"
+    if fmt == RATIO:
+        return ratio_text(result, key, wide)
+    return fmt(value) if callable(fmt) else fmt.format(value)
+
+
+def ratio_text(result: dict, key: str, wide: bool) -> str:
+    """``1.12``, ``≈0.98`` (not told apart from 1: ``key_resolved`` False; the reference's own
+    ratio is 1 by definition and unmarked), or wide ``1.12 [1.09, 1.15]``."""
+    value, low, high = result[key], result.get(f"{key}_low"), result.get(f"{key}_high")
+    if wide:
+        return f"{value:.2f} [{low:.2f}, {high:.2f}]" if low is not None else f"{value:.2f}"
+    unresolved = result.get(f"{key}_resolved") is False and result["variant"] != REFERENCE
+    return f"{SAME_MARK}{value:.2f}" if unresolved else f"{value:.2f}"
 
 
 def header_lines(meta: dict, block: dict) -> list[str]:
@@ -183,7 +189,8 @@ def header_lines(meta: dict, block: dict) -> list[str]:
         peak += f" (IQR {block['matmul_peak_iqr_gflops']:,.0f})"
     policy = f" · OMP_WAIT_POLICY {meta['omp_wait_policy']}" if meta.get("omp_wait_policy") else ""
     busy = busy_line(meta.get("cores", {}), meta["threads"]) if device == "cpu" else None
-    return [f"{device}: {model} · {meta['threads']} threads · torch {meta['torch']}{policy}",
+    threads = f"{meta['threads']} thread{'s' * (meta['threads'] != 1)}"
+    return [f"{device}: {model} · {threads} · torch {meta['torch']}{policy}",
             f"{precision_mode} · preset {meta['preset']} · batch {block['batch']} × src "
             f"{block['src_len']} × tgt {block['tgt_len']} · {peak}", *([busy] if busy else [])]
 
@@ -224,7 +231,8 @@ def notes(meta: dict, block: dict, wide: bool = False, marked: bool = False) -> 
     """The lines under a table: the compact table's legend, the unsteady mark's when a cell
     carries it, a CUDA shape too small to be compute-bound, failures, which SDPA kernels ran,
     the torch fast path, the allocator."""
-    lines = ([] if wide else [COMPACT_LEGEND]) + ([UNSTEADY_LEGEND] if marked else [])
+    lines = ([] if wide else [COMPACT_LEGEND]) + ([SAME_LEGEND] if marked else [])
+    lines += [line for line in (control_line(block), rounds_line(block)) if line]
     if block.get("small_shape_warning"):
         lines.append(f"warning: {block['small_shape_warning']}")
     for result in block["rows"]:
@@ -248,6 +256,43 @@ def notes(meta: dict, block: dict, wide: bool = False, marked: bool = False) -> 
             lines.append("  ...under CPU autocast too, where its fused kernels run in float32")
     lines.append(f"allocator: {meta['allocator']}")
     return lines
+
+
+def control_line(block: dict) -> str | None:
+    """``control, torch against itself: fwd 1.00 [0.98, 1.03] · train ...``: the run's
+    resolution, or None without a control."""
+    control = block.get("control")
+    if not control:
+        return None
+    parts = [f"{label} {control[key]:.2f} [{control[f'{key}_low']:.2f}, {control[f'{key}_high']:.2f}]"
+             for label, key in CONTROL_RATIOS
+             if control.get(key) is not None and control.get(f"{key}_low") is not None]
+    return f"control, {REFERENCE} against itself: {' · '.join(parts)}" if parts else None
+
+
+def rounds_line(block: dict) -> str | None:
+    """``15 rounds, rows in a fresh order each (seed 0); 2 of them on busy cores``."""
+    rounds = block.get("rounds") or {}
+    if not rounds.get("orders"):
+        return None
+    count = len(rounds["orders"])
+    busy = sum(1 for flag in rounds.get("contended", []) if flag)
+    return (f"{count} rounds, rows in a fresh order each (seed {rounds['seed']}); "
+            f"{busy} of them on busy cores" + (" (in the intervals)" if busy else ""))
+
+
+def busy_rounds_line(report: dict) -> str | None:
+    """The line above every table when some rounds ran while others' work left fewer free cores
+    than the run's threads (a load that came and went may not move the run's average), or None."""
+    counts = [(sum(1 for flag in block.get("rounds", {}).get("contended", []) if flag),
+               len(block.get("rounds", {}).get("contended", []))) for block in report["blocks"]]
+    busy, total = sum(b for b, _ in counts), sum(t for _, t in counts)
+    if not busy:
+        return None
+    others = max((value for block in report["blocks"]
+                  for value in block.get("rounds", {}).get("others", []) if value is not None), default=0.0)
+    return (f"warning: {busy} of {total} rounds ran on busy cores (others used up to {others:.2f} "
+            "cores); read each ratio with its interval")
 
 
 def sdpa_note(rows: list[dict]) -> str | None:

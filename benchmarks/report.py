@@ -14,10 +14,12 @@ import platform
 import torch
 
 from benchmarks.measured import Cell, Row
+from benchmarks.ratios import paired_ratio
 from benchmarks.settings import Settings
 from benchmarks.steps import DECODE_MODES
-from benchmarks.timing import Peak, rounds_disagree, rounds_spread
+from benchmarks.timing import Peak
 from benchmarks.workload import Shape, forward_flops, train_flops
+from variants import REFERENCE
 
 
 def machine() -> dict:
@@ -42,74 +44,126 @@ def meta(settings: Settings, allocator: str, cores_during: dict | None = None) -
             "torch": torch.__version__, "preset": s.preset,
             "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,
             "freeze": s.freeze, "decode_len": s.decode_len, "all_decoders": s.all_decoders,
-            "rounds": s.rounds, "min_run_time": s.min_run_time, "allocator": allocator,
+            "rounds": s.rounds, "min_run_time": s.min_run_time, "control": s.control,
+            "order_seed": s.order_seed, "allocator": allocator,
             "flops": "forward_flops (benchmarks/workload.py); train step = 3x forward",
             "command": s.command}
 
 
 def block_result(device: str, dtype_name: str, shape: Shape, peak: Peak, rows: list[dict], *,
-                 float32_matmul_precision: str, small_shape_warning: str | None = None) -> dict:
+                 float32_matmul_precision: str, small_shape_warning: str | None = None,
+                 rounds: dict | None = None, control: dict | None = None, seed: int = 0) -> dict:
     """One block: where and what it ran, its matmul peak (the best GEMM shape, its spread, its
     rounds, every shape's rate), the float32 matmul precision in force, a CUDA shape too small
-    to be compute-bound, and a result per timed row."""
-    return {"device": device, "dtype": dtype_name, "batch": shape.batch, "src_len": shape.src_len,
-            "tgt_len": shape.tgt_len, "matmul_peak_gflops": peak.flops_per_second / 1e9,
-            "matmul_peak_iqr_gflops": peak.iqr_flops_per_second / 1e9,
-            "matmul_peak_rounds_gflops": [flops / 1e9 for flops in peak.rounds],
-            "matmul_peak_shape": "x".join(map(str, peak.shape)),
-            "matmul_peak_by_shape_gflops": {"x".join(map(str, gemm)): flops / 1e9
-                                            for gemm, flops in peak.by_shape.items()},
-            "float32_matmul_precision": float32_matmul_precision,
-            "small_shape_warning": small_shape_warning, "rows": rows}
+    to be compute-bound, how its rounds ran (``rounds``: their orders and the cores' load), a
+    result per timed row and the control's (torch timed again as a row of its own), every
+    ratio paired by round (``add_ratios``)."""
+    block = {"device": device, "dtype": dtype_name, "batch": shape.batch, "src_len": shape.src_len,
+             "tgt_len": shape.tgt_len, "matmul_peak_gflops": peak.flops_per_second / 1e9,
+             "matmul_peak_iqr_gflops": peak.iqr_flops_per_second / 1e9,
+             "matmul_peak_rounds_gflops": [flops / 1e9 for flops in peak.rounds],
+             "matmul_peak_shape": "x".join(map(str, peak.shape)),
+             "matmul_peak_by_shape_gflops": {"x".join(map(str, gemm)): flops / 1e9
+                                             for gemm, flops in peak.by_shape.items()},
+             "float32_matmul_precision": float32_matmul_precision,
+             "small_shape_warning": small_shape_warning, "rounds": rounds or {},
+             "rows": rows, "control": control}
+    add_ratios(block, seed)
+    return block
 
 
-def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float, reference: Row) -> dict:
-    """One variant's columns: per mode its error, time, rates, peak memory and ratio to the
-    reference; then the correctness check, compile time and whether the torch fast path ran."""
+def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float) -> dict:
+    """One variant's columns: per mode its error, time, rates, peak memory and each round's
+    time (``{mode}_rounds_s``: seconds per step, per generated id for decoding), from which
+    ``add_ratios`` makes the ratios; then the correctness check, compile time, whether the
+    torch fast path ran, and the key/value cache's bytes."""
     flops = {"forward": forward_flops(settings.config, *shape),
              "train": train_flops(settings.config, *shape)}
     params = sum(p.numel() for p in row.model.parameters()) if row.model is not None else None
     result: dict = {"variant": row.variant, "params": params}
-    for mode in (m for m in settings.modes if not m.endswith("_eager") and m in row.cells):
+    for mode in (m for m in settings.modes if m in row.cells):
         cell = row.cells[mode]
+        per_unit = row.decode_positions.get(mode, 1) if mode in DECODE_MODES else 1
+        result[f"{mode}_rounds_s"] = [seconds / per_unit for seconds in cell.rounds] if per_unit else []
+        if mode.endswith("_eager"):
+            continue
         result[f"{mode}_error"] = cell.error
-        result[f"{mode}_rounds_spread"] = rounds_spread(cell.rounds)
-        result[f"{mode}_rounds_disagree"] = rounds_disagree(cell.rounds)
         if mode in DECODE_MODES:
             result[f"{mode}_tokens_per_s"] = ratio(row.decode_positions.get(mode), cell.seconds)
             continue
         result.update(speed(mode, cell, flops[mode], peak_flops))
         result[f"{mode}_peak_mb"] = row.peak_mb.get(mode)
-        result[f"{mode}_vs_torch"] = ratio(cell.seconds, seconds_of(reference, mode))
         if mode == "train":
             result["train_tokens_per_s"] = ratio(shape.batch * (shape.src_len + shape.tgt_len),
                                                  cell.seconds)
             result["train_page_faults_per_step"] = ratio(cell.page_faults, cell.calls)
-    for mode in ("forward", "train"):  # with compile: eager time / compiled time
-        speedup = ratio(seconds_of(row, f"{mode}_eager"), seconds_of(row, mode))
-        if speedup is not None:
-            result[f"{mode}_compile_speedup"] = speedup
+    cross, per_token = row.cache_bytes or (None, None)
     if "decode" in settings.modes:
-        result.update(decode_ratios(row, reference))
+        result |= {"cache_bytes_per_token": per_token, "cache_cross_bytes": cross}
     return {**result, "max_abs_dlogp": row.max_abs_dlogp, "dlogp_error": row.dlogp_error,
             "compile_s": row.compile_s, "torch_fast_path": row.fast_path,
             "sdpa_backend": row.sdpa_backends.get("forward"),
             "sdpa_backend_train": row.sdpa_backends.get("train")}
 
 
-def decode_ratios(row: Row, reference: Row) -> dict:
-    """Greedy decoding's time per generated id against the reference's (torch: full recompute)
-    and against its own full recompute; beam search's time per step against greedy's (one step
-    per generated position); the key/value cache's bytes per source, per decoded id and once
-    for the encoder output's keys and values (None without a cache)."""
-    per_id = {mode: ratio(seconds_of(row, mode), row.decode_positions.get(mode))
-              for mode in DECODE_MODES}
-    reference_per_id = ratio(seconds_of(reference, "decode"), reference.decode_positions.get("decode"))
-    cross, per_token = row.cache_bytes or (None, None)
-    return {"decode_vs_torch": ratio(per_id["decode"], reference_per_id),
-            "decode_cache_speedup": ratio(per_id["decode_uncached"], per_id["decode"]),
-            "beam_step_vs_greedy": ratio(per_id["beam"], per_id["decode"]),
-            "cache_bytes_per_token": per_token, "cache_cross_bytes": cross}
+# Ratios against the reference row, paired by round: (key, mode)
+VS_TORCH = [(f"{mode}_vs_torch", mode) for mode in ("forward", "train", *DECODE_MODES)]
+# Ratios inside one row, paired by round: (key, numerator mode, denominator mode)
+WITHIN_ROW = [("forward_compile_speedup", "forward_eager", "forward"),  # eager / compiled
+              ("train_compile_speedup", "train_eager", "train"),
+              ("decode_cache_speedup", "decode_uncached", "decode"),  # per generated id
+              ("beam_step_vs_greedy", "beam", "decode")]
+
+
+def add_ratios(block: dict, seed: int = 0) -> None:
+    """Every ratio of ``block``'s rows and its control from their rounds (``benchmarks.ratios``),
+    with its interval: ``key``, ``key_low``, ``key_high``; and for each ×torch, ``key_resolved``:
+    whether it is told apart from 1, i.e. its interval leaves 1 out and it lies outside the
+    control's interval (torch against itself) for that mode."""
+    reference = next((row for row in block["rows"] if row["variant"] == REFERENCE), None)
+    control = block.get("control")
+    for row in [*block["rows"], *([control] if control else [])]:
+        for key, mode in VS_TORCH:
+            if f"{mode}_rounds_s" in row:
+                top, bottom, processes = rounds_of(row, reference, mode)
+                found = paired_ratio(top, bottom, processes=processes, seed=seed)
+                row.update(found.as_dict(key) if found else empty_ratio(key))
+        for key, top, bottom in WITHIN_ROW:
+            if f"{top}_rounds_s" in row and f"{bottom}_rounds_s" in row:
+                numerators, denominators, processes = rounds_of(row, row, top, bottom)
+                found = paired_ratio(numerators, denominators, processes=processes, seed=seed)
+                row.update(found.as_dict(key) if found else empty_ratio(key))
+    for row in block["rows"]:
+        for key, _ in VS_TORCH:
+            if row.get(key) is not None:
+                row[f"{key}_resolved"] = resolved(row, key, control)
+
+
+def empty_ratio(key: str) -> dict[str, None]:
+    """A ratio that could not be made (a row or a step missing), in the report's form."""
+    return dict.fromkeys((key, f"{key}_low", f"{key}_high"))
+
+
+def rounds_of(top_row: dict, bottom_row: dict | None, top: str, bottom: str | None = None):
+    """The numerator's and denominator's round times of a paired ratio, and the rounds'
+    processes (None but in a pooled report, ``benchmarks.processes``); empty where the
+    denominator's row is missing or a step failed."""
+    bottom = bottom or top
+    if bottom_row is None or top_row.get(f"{top}_error") or bottom_row.get(f"{bottom}_error"):
+        return [], [], None
+    return (top_row.get(f"{top}_rounds_s", []), bottom_row.get(f"{bottom}_rounds_s", []),
+            top_row.get(f"{top}_rounds_process"))
+
+
+def resolved(row: dict, key: str, control: dict | None) -> bool:
+    """Whether ``row``'s ``key`` is told apart from 1: an interval that leaves 1 out, and a
+    value outside the control's interval for the same mode (when the run had a control)."""
+    low, high, value = row.get(f"{key}_low"), row.get(f"{key}_high"), row[key]
+    if low is None or low <= 1.0 <= high:
+        return False
+    if control and control.get(f"{key}_low") is not None:
+        return not control[f"{key}_low"] <= value <= control[f"{key}_high"]
+    return True
 
 
 def speed(mode: str, cell: Cell, flops: int, peak_flops: float) -> dict:
@@ -119,12 +173,6 @@ def speed(mode: str, cell: Cell, flops: int, peak_flops: float) -> dict:
         return dict.fromkeys((f"{mode}_ms", f"{mode}_iqr_ms", f"{mode}_gflops", f"{mode}_pct_peak"))
     return {f"{mode}_ms": seconds * 1e3, f"{mode}_iqr_ms": cell.measurement.iqr * 1e3,
             f"{mode}_gflops": flops / seconds / 1e9, f"{mode}_pct_peak": 100 * flops / seconds / peak_flops}
-
-
-def seconds_of(row: Row, mode: str) -> float | None:
-    """The median step time of ``row``'s ``mode``, if it has one."""
-    cell = row.cells.get(mode)
-    return cell.seconds if cell else None
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -28,6 +28,7 @@ from benchmarks.failures import recover, release
 from benchmarks.machine import during, read_sample
 from benchmarks.measured import Cell, Row
 from benchmarks.memory import cache_bytes, keep_freed_memory, model_bytes, profile_step, sdpa_backend
+from benchmarks.ratios import round_orders
 from benchmarks.report import block_result, meta, row_result
 from benchmarks.settings import Settings
 from benchmarks.steps import (
@@ -46,6 +47,9 @@ from benchmarks.workload import DTYPES, Shape, gemm_shapes, small_shape_warning
 from common.batches import Batch, random_batch
 from common.weights import transfer
 from variants import REFERENCE, build
+
+# the second, separately built reference row, timed like any other: torch against itself
+CONTROL = f"{REFERENCE} control"
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
     autocast = autocast_region(device, DTYPES[dtype_name], settings.autocast)
     block = Block(device, dtype_name, shape, batch, autocast)
     rows = build_rows(settings, block)
-    timed = [row for row in rows if row.variant in settings.variants]
+    timed = [row for row in rows if row.variant in settings.variants or row.variant == CONTROL]
     with phase(bar, f"{block.where}: log-probs against {REFERENCE}"):
         reference_logp = check_log_probs(rows, block)
     for row in timed:
@@ -101,16 +105,18 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
     reference = next(row for row in rows if row.variant == REFERENCE)
     with tempfile.TemporaryDirectory(prefix="compare-engines-") as exported:
         engines = build_engine_rows(settings, block, reference, exported, bar)
-        peak = time_rounds(timed + engines, settings, block, bar)
+        peak, rounds = time_rounds(timed + engines, settings, block, bar)
     with phase(bar, f"{block.where}: peak memory"):
-        measure_memory(timed, block)
-    results = [row_result(row, settings, shape, peak.flops_per_second, reference)
-               for row in timed + engines]
+        measure_memory([row for row in timed if row.variant != CONTROL], block)
+    results = [row_result(row, settings, shape, peak.flops_per_second) for row in timed + engines]
+    control = next((result for result in results if result["variant"] == CONTROL), None)
     for row in rows:  # free this block's models before the next block
         row.model.to("cpu")
     release(None, device)
     on_cuda = device == "cuda"
-    return block_result(device, dtype_name, shape, peak, results,
+    return block_result(device, dtype_name, shape, peak,
+                        [result for result in results if result is not control],
+                        rounds=rounds, control=control, seed=settings.seed,
                         float32_matmul_precision=float32_matmul_precision(device),
                         small_shape_warning=small_shape_warning(settings.config, shape, block.dtype)
                         if on_cuda else None)
@@ -140,12 +146,15 @@ def phase(bar: tqdm, description: str) -> Iterator[None]:
 
 
 def build_rows(settings: Settings, block: Block) -> list[Row]:
-    """A row per timed variant, plus the reference: every model holds the reference's weights."""
+    """A row per timed variant, plus the reference, plus (``settings.control``) the control, a
+    second reference built apart: every model holds the reference's weights."""
     reference = build(REFERENCE, settings.config, seed=settings.seed)
-    names = (*settings.variants, *([REFERENCE] if REFERENCE not in settings.variants else []))
+    names = (*settings.variants, *([REFERENCE] if REFERENCE not in settings.variants else []),
+             *([CONTROL] if settings.control and REFERENCE in settings.variants else []))
     rows = []
     for name in names:
-        model = reference if name == REFERENCE else build(name, settings.config)
+        model = reference if name == REFERENCE else build(
+            REFERENCE if name == CONTROL else name, settings.config)
         if model is not reference:
             transfer(reference, model)
         model.to(device=block.device, dtype=torch.float32 if settings.autocast else block.dtype)
@@ -262,19 +271,30 @@ def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[
     return steps
 
 
-def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -> Peak:
-    """Interleaved rounds: the matmul peak, then each mode for every row in turn, so drift hits
-    every row alike. Returns the matmul peak (at this model's GEMM shapes and a large square)."""
+def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -> tuple[Peak, dict]:
+    """Rounds: the matmul peak, then each mode for every row once, the rows in a fresh shuffled
+    order each round, so that drift and bursts of other work hit rows at random rather than
+    always the same one. Returns the matmul peak (at this model's GEMM shapes and a large
+    square) and the rounds' record: their orders, and other processes' use of the cores in each
+    (cores' worth) with whether it left fewer free cores than the run's threads."""
     peak = MatmulPeak(block.device, block.dtype, settings.threads,
                       gemm_shapes(settings.config, block.shape, block.device))
-    for round_index in range(settings.rounds):
+    by_name = {row.variant: row for row in timed}
+    orders = round_orders(list(by_name), settings.rounds, settings.order_seed)
+    others, contended = [], []
+    for round_index, order in enumerate(orders):
+        started = read_sample()
         peak.measure(settings.min_run_time)
         for mode in settings.modes:
             with phase(bar, f"{block.where}: {mode.replace('_', ' ')}, "
                             f"round {round_index + 1}/{settings.rounds}"):
-                for row in timed:
-                    time_cell(row, mode, settings, block)
-    return peak.peak()
+                for name in order:
+                    time_cell(by_name[name], mode, settings, block)
+        cores = during(started, read_sample(), settings.threads)
+        others.append(cores["others_during"] if cores else None)
+        contended.append(cores["contended_during"] if cores else None)
+    return peak.peak(), {"orders": orders, "seed": settings.order_seed, "others": others,
+                         "contended": contended}
 
 
 def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:

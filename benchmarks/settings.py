@@ -11,6 +11,11 @@ from benchmarks.workload import Shape
 from common.config import TransformerConfig
 from variants import VARIANTS
 
+# Many short rounds rather than a few long ones: a burst of other work then spoils one round's
+# ratios, which the interval over rounds shows, instead of one row's whole time.
+ROUNDS = 15
+MIN_RUN_TIME = 0.1
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -30,8 +35,10 @@ class Settings:
     threads: int = field(default_factory=torch.get_num_threads)  # CPU threads, set for the run
     thread_choice: ThreadChoice | None = None  # how `threads` was chosen and how busy the cores
     # were before the run (benchmarks.machine.settle_threads); None: not checked
-    rounds: int = 3  # interleaved rounds over the variants, merged per cell
-    min_run_time: float = 0.4  # seconds of blocked_autorange per cell and round
+    rounds: int = ROUNDS  # rounds; each times every row once, in a fresh shuffled order
+    min_run_time: float = MIN_RUN_TIME  # seconds of blocked_autorange per cell and round
+    control: bool = True  # time a second, separately built torch row: the run's resolution
+    order_seed: int = 0  # seeds the rounds' shuffled orders (a process of --processes N: its index)
     decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column
     all_decoders: bool = False  # also greedy by full recompute and beam 4 (compare.py --all-decoders)
     seed: int = 0  # the weights' and the batch's seed

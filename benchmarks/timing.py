@@ -6,7 +6,6 @@ import math
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
-from statistics import median
 
 import torch
 import torch.nn.functional as F
@@ -35,29 +34,6 @@ def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_t
     cell.rounds.append(measurement.median)
     previous = [cell.measurement] if cell.measurement else []
     cell.measurement = Measurement.merge([*previous, measurement])[0]
-
-
-# A cell whose rounds' medians span more than this share of their median is marked as
-# unsteady. Measured, not chosen: in three default runs of compare.py on the idle 2-core machine
-# of docs/benchmarks.md (45 cells), 41 cells' rounds spread 0.02 to 0.37 and four 0.50 to 0.72
-# ("Measuring on a shared machine"). Below 0.4 is that machine's ordinary noise; a cell beyond it
-# had something more in some round (another process, a frequency step), and a ratio built on it
-# may be off by as much.
-ROUNDS_SPREAD_BOUND = 0.4
-
-
-def rounds_spread(seconds: list[float]) -> float | None:
-    """How far a cell's round medians disagree: (slowest - fastest) / their median; None
-    with fewer than two rounds, where there is nothing to compare."""
-    if len(seconds) < 2:
-        return None
-    return (max(seconds) - min(seconds)) / median(seconds)
-
-
-def rounds_disagree(seconds: list[float]) -> bool:
-    """Whether a cell's rounds spread beyond ``ROUNDS_SPREAD_BOUND``."""
-    spread = rounds_spread(seconds)
-    return spread is not None and spread > ROUNDS_SPREAD_BOUND
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ process, and one real busy core (a pinned spinner) seen by the detection."""
 from __future__ import annotations
 
 import ast
-import json
 import os
 import subprocess
 import sys
@@ -31,10 +30,11 @@ from benchmarks.machine import (
     wait_policy_environment,
 )
 from benchmarks.measured import Cell, Row
-from benchmarks.render import UNSTEADY_MARK, render
+from benchmarks.render import render
 from benchmarks.report import block_result, meta, row_result
+from benchmarks.run import CONTROL
 from benchmarks.settings import Settings
-from benchmarks.timing import Peak, rounds_disagree, rounds_spread
+from benchmarks.timing import Peak
 from benchmarks.workload import PRESETS, Shape
 from common.config import TransformerConfig
 
@@ -211,15 +211,6 @@ def test_the_wait_policy_reaches_the_openmp_runtime():
 # --- rounds that disagree, in the table, JSON and CSV -----------------------------------------
 
 
-def test_rounds_spread_is_range_over_median():
-    assert rounds_spread([1.0, 1.0, 3.0]) == pytest.approx(2.0)
-    assert rounds_spread([1.0, 1.01, 0.99]) == pytest.approx(0.02)
-    assert rounds_spread([2.0]) is None
-    assert rounds_disagree([1.0, 1.0, 3.0]) and not rounds_disagree([1.0, 1.01, 0.99])
-    assert not rounds_disagree([1.0])  # one round: nothing to compare
-    assert not rounds_disagree([1.0, 1.0, 1.39]) and rounds_disagree([1.0, 1.0, 1.41])  # the 40% bound
-
-
 def timed_cell(rounds: list[float]) -> Cell:
     """A cell as three timed rounds leave it: their medians, and the merged measurement."""
     spec = TaskSpec(stmt="step()", setup="pass")
@@ -231,20 +222,24 @@ TINY_CONFIG = TransformerConfig(**PRESETS["tiny"].fields)
 
 
 def report_with(rounds: dict[str, dict[str, list[float]]], cores: dict | None = None,
-                contended: bool = False, scale: float = 1.0, threads: int = 2) -> dict:
-    """A one-block report whose rows' rounds are given (variant -> mode -> round seconds),
-    through the report's own row_result and meta; ``scale`` multiplies every time."""
+                contended: bool = False, scale: float = 1.0, threads: int = 2,
+                rounds_record: dict | None = None) -> dict:
+    """A one-block report whose rows' rounds are given (variant -> mode -> round seconds; the
+    variant ``CONTROL`` is the control), through the report's own row_result, block_result and
+    meta; ``scale`` multiplies every time; ``rounds_record`` is the block's record of its rounds."""
     settings = Settings(config=TINY_CONFIG, shapes=(Shape(2, 8, 6),), preset="tiny", decode_len=1,
-                        threads=threads, variants=tuple(rounds), show_progress=False)
+                        threads=threads, variants=tuple(name for name in rounds if name != CONTROL),
+                        show_progress=False)
     rows = {name: Row(name, nn.Linear(2, 2), cells={mode: timed_cell([scale * s for s in seconds])
                                                     for mode, seconds in modes.items()})
             for name, modes in rounds.items()}
     peak = Peak(1e12, 1e10, (1e12,), (8, 8, 8), {(8, 8, 8): 1e12})
     rows["torch"].fast_path = True  # as on CPU here; its note's other form is a longer line
-    results = [row_result(row, settings, Shape(2, 8, 6), peak.flops_per_second, rows["torch"])
-               for row in rows.values()]
-    block = block_result("cpu", "float32", Shape(2, 8, 6), peak, results,
-                         float32_matmul_precision="IEEE float32")
+    results = [row_result(row, settings, Shape(2, 8, 6), peak.flops_per_second) for row in rows.values()]
+    control = next((result for result in results if result["variant"] == CONTROL), None)
+    block = block_result("cpu", "float32", Shape(2, 8, 6), peak,
+                         [result for result in results if result is not control], control=control,
+                         rounds=rounds_record or {}, float32_matmul_precision="IEEE float32")
     report = {"meta": meta(settings, "glibc default"), "blocks": [block]}
     report["meta"]["cores"], report["meta"]["contended"] = cores or {}, contended
     return report
@@ -255,54 +250,6 @@ def table_cells(text: str) -> dict[str, list[str]]:
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     return {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")]
                                           for line in lines[1:])}
-
-
-def test_a_cell_whose_rounds_disagree_is_marked_with_its_ratio_and_explained():
-    report = report_with({"explicit": {"forward": UNSTEADY, "train": STEADY},
-                          "torch": {"forward": STEADY, "train": STEADY}})
-    text = render(report, "github")
-    cells = table_cells(text)
-    # variant, params M, fwd ms, ×torch, train ms, ×torch, % peak, peak MB, max Δ logp
-    assert cells["explicit"][2:6] == [f"1000.0{UNSTEADY_MARK}", f"1.00{UNSTEADY_MARK}", "1000.0", "1.00"]
-    assert cells["torch"][2:6] == ["1000.0", "1.00", "1000.0", "1.00"]
-    assert not cells["explicit"][6].endswith(UNSTEADY_MARK)  # % peak is the (steady) train step's
-    assert f"  {UNSTEADY_MARK}: its rounds differ by over 40% of their median" in text
-    steady = render(report_with({"explicit": {"forward": STEADY, "train": STEADY},
-                                 "torch": {"forward": STEADY, "train": STEADY}}), "github")
-    assert UNSTEADY_MARK not in steady  # neither a mark nor its legend
-
-
-def test_a_steady_row_ratio_to_an_unsteady_reference_is_marked_but_not_its_time():
-    report = report_with({"explicit": {"forward": STEADY, "train": STEADY},
-                          "torch": {"forward": STEADY, "train": UNSTEADY}})
-    explicit = table_cells(render(report, "github"))["explicit"]
-    assert explicit[4:6] == ["1000.0", f"1.00{UNSTEADY_MARK}"]  # train ms, train ×torch
-    assert not explicit[6].endswith(UNSTEADY_MARK)  # its % peak needs no torch time
-
-
-def test_json_and_csv_carry_each_cells_spread_and_verdict():
-    report = report_with({"explicit": {"forward": UNSTEADY, "train": STEADY},
-                          "torch": {"forward": STEADY, "train": STEADY}})
-    rows = {row["variant"]: row for row in json.loads(render(report, "json"))["blocks"][0]["rows"]}
-    assert rows["explicit"]["forward_rounds_disagree"] is True
-    assert rows["explicit"]["forward_rounds_spread"] == pytest.approx(2.0)
-    assert rows["explicit"]["train_rounds_disagree"] is False
-    assert rows["torch"]["forward_rounds_disagree"] is False
-    header, *lines = render(report, "csv").splitlines()
-    columns = header.split(",")
-    by_variant = {line.split(",")[columns.index("variant")]: line.split(",") for line in lines}
-    verdict = columns.index("forward_rounds_disagree")
-    assert by_variant["explicit"][verdict] == "True" and by_variant["torch"][verdict] == "False"
-    assert by_variant["explicit"][columns.index("run_contended")] == "False"
-
-
-def test_the_compact_table_fits_120_characters_with_every_cell_marked():
-    report = report_with({"explicit": {"forward": UNSTEADY, "train": UNSTEADY},
-                          "torch": {"forward": UNSTEADY, "train": UNSTEADY}},
-                         BUSY_CORES, contended=True, scale=9.0)  # 9000 ms, every extra line
-    text = render(report, "github")
-    assert text.count(UNSTEADY_MARK) > 8
-    assert max(map(len, text.splitlines())) <= 120, text
 
 
 BUSY_CORES = {"threads": 2, "requested": 2, "default": 2, "cpus": 2, "others_before": 0.98,

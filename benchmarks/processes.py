@@ -1,0 +1,100 @@
+"""``--processes N``: the whole measurement repeated in N fresh interpreters, their rounds pooled.
+
+    report = run_processes(settings, 3)   # three fresh processes, one report
+
+A process's memory layout, its threads' placement and its allocator's state hold for all of its
+rounds, so one process's rounds share them and its interval cannot see them vary. Each process
+here runs ``benchmarks.run.run`` on the same settings (its rounds' orders seeded by its index),
+writes its report as JSON, and the reports are pooled: every row's rounds concatenated with
+the index of the process that timed them, so that each ratio's interval resamples processes
+and then rounds (``benchmarks.ratios``), and its times are the median of the processes'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pickle
+import statistics
+import subprocess
+import sys
+
+from benchmarks.report import add_ratios
+from benchmarks.run import run
+from benchmarks.settings import Settings
+
+# a row's fields that are one process's measurements: pooled as the median over processes
+MEASURED_SUFFIXES = ("_ms", "_iqr_ms", "_tokens_per_s", "_gflops", "_pct_peak", "_peak_mb",
+                     "_page_faults_per_step")
+
+
+def run_processes(settings: Settings, processes: int) -> dict:
+    """``settings`` measured in ``processes`` fresh interpreters, one after another; the pooled
+    report. A process that fails raises RuntimeError with its last line of stderr."""
+    reports = []
+    for index in range(processes):
+        settings_of_one = dataclasses.replace(settings, order_seed=index, show_progress=False)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.processes"],
+                              input=pickle.dumps(settings_of_one), capture_output=True, check=False)
+        if done.returncode != 0:
+            last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"process {index + 1} of {processes} failed: {last}")
+        reports.append(json.loads(done.stdout))
+    return pool(reports)
+
+
+def pool(reports: list[dict]) -> dict:
+    """One report from several processes' reports of the same settings."""
+    first = reports[0]
+    meta = {**first["meta"], "processes": len(reports),
+            "contended": any(report["meta"]["contended"] for report in reports)}
+    blocks = [pool_block([report["blocks"][index] for report in reports], meta["order_seed"])
+              for index in range(len(first["blocks"]))]
+    return {"meta": meta, "blocks": blocks}
+
+
+def pool_block(blocks: list[dict], seed: int) -> dict:
+    """One block from the processes' copies of it: rows and control pooled, the rounds' record
+    concatenated, the ratios made again over every process's rounds."""
+    pooled = {**blocks[0]}
+    pooled["rows"] = [pool_row([block["rows"][index] for block in blocks])
+                      for index in range(len(blocks[0]["rows"]))]
+    if blocks[0].get("control"):
+        pooled["control"] = pool_row([block["control"] for block in blocks])
+    pooled["rounds"] = {"orders": [order for block in blocks for order in block["rounds"]["orders"]],
+                        "seed": [block["rounds"]["seed"] for block in blocks],
+                        "others": [value for block in blocks for value in block["rounds"]["others"]],
+                        "contended": [flag for block in blocks for flag in block["rounds"]["contended"]],
+                        "process": [index for index, block in enumerate(blocks)
+                                    for _ in block["rounds"]["orders"]]}
+    add_ratios(pooled, seed)
+    return pooled
+
+
+def pool_row(rows: list[dict]) -> dict:
+    """A row from its processes' copies: each mode's rounds concatenated with their process
+    index (``{mode}_rounds_process``), its measured fields the median of the processes', an
+    error if any process had one."""
+    pooled = {**rows[0]}
+    for key in rows[0]:
+        values = [row.get(key) for row in rows]
+        if key.endswith("_rounds_s"):
+            pooled[key] = [seconds for row in rows for seconds in row[key]]
+            pooled[key.replace("_rounds_s", "_rounds_process")] = [
+                index for index, row in enumerate(rows) for _ in row[key]]
+        elif key.endswith("_error"):
+            pooled[key] = next((value for value in values if value), None)
+        elif key.endswith(MEASURED_SUFFIXES) and all(isinstance(value, (int, float)) for value in values):
+            pooled[key] = statistics.median(values)
+    return pooled
+
+
+def main() -> int:
+    """One process of ``run_processes``: pickled settings on stdin, the JSON report on stdout."""
+    settings = pickle.load(sys.stdin.buffer)
+    sys.stdout.write(json.dumps(run(settings)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Ratios paired by round with their bootstrap interval, the shuffled order of each round, the
+control row, and how the table says which ratios it can tell apart from 1. No timing is
+asserted: the rounds are made up, and the expected values are computed here."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from benchmarks.processes import pool
+from benchmarks.ratios import paired_ratio, round_orders
+from benchmarks.render import SAME_MARK, render
+from benchmarks.run import CONTROL, run
+from tests.benchmarks.test_busy_cores import BUSY_CORES, report_with, table_cells
+from tests.benchmarks.test_compare import tiny_settings
+
+# --- the statistic and its interval -------------------------------------------------------------
+
+
+def test_a_paired_ratio_is_the_geometric_mean_of_the_rounds_ratios():
+    found = paired_ratio([2.0, 8.0, 3.0], [1.0, 2.0, 3.0])  # ratios 2, 4, 1
+    assert found.value == pytest.approx((2 * 4 * 1) ** (1 / 3))
+    assert found.rounds == 3 and found.low <= found.value <= found.high
+
+
+def test_the_interval_matches_the_normal_theory_one_on_a_symmetric_sample():
+    """40 rounds whose log-ratios are spread evenly and symmetrically about log 1.1: BCa then
+    agrees with mean +- 1.96 sd / sqrt(n) (sd of the sample as the bootstrap sees it, ddof 0),
+    within a tenth of the half-width (resampling noise)."""
+    logs = math.log(1.1) + np.linspace(-0.05, 0.05, 40)
+    found = paired_ratio(np.exp(logs).tolist(), [1.0] * 40)
+    half = 1.959964 * logs.std() / math.sqrt(len(logs))
+    for bound, expected in ((found.low, logs.mean() - half), (found.high, logs.mean() + half)):
+        assert math.log(bound) == pytest.approx(expected, abs=0.1 * half)
+
+
+def test_the_inverse_ratio_has_the_inverse_interval():
+    rng = np.random.default_rng(3)
+    rows, torch_times = rng.uniform(1.0, 1.4, 15).tolist(), rng.uniform(1.0, 1.2, 15).tolist()
+    forward, backward = paired_ratio(rows, torch_times), paired_ratio(torch_times, rows)
+    assert backward.value == pytest.approx(1 / forward.value)
+    assert backward.low == pytest.approx(1 / forward.high, rel=1e-6)
+    assert backward.high == pytest.approx(1 / forward.low, rel=1e-6)
+
+
+def test_one_round_has_no_interval_and_identical_rounds_a_point():
+    one = paired_ratio([2.0], [1.0])
+    assert one.value == 2.0 and one.low is None and not one.holds(2.0)
+    same = paired_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert (same.value, same.low, same.high) == (2.0, 2.0, 2.0)
+
+
+def test_rounds_pair_up_to_the_shorter_list_and_nothing_pairs_no_ratio():
+    assert paired_ratio([2.0, 4.0, 100.0], [1.0, 1.0]).value == pytest.approx(math.sqrt(8))
+    assert paired_ratio([], [1.0]) is None
+    assert paired_ratio([1.0, 0.0], [1.0, 1.0]) is None  # a time that is not positive
+
+
+def test_rounds_of_several_processes_resample_processes_too():
+    """Two processes, each steady within (ratios 1.00 and 1.50) but far apart: one level of
+    resampling sees 20 tight rounds, two levels see two processes that disagree."""
+    ratios = [1.0] * 10 + [1.5] * 10
+    ratios = [r * (1 + 0.001 * (i % 3 - 1)) for i, r in enumerate(ratios)]
+    flat = paired_ratio(ratios, [1.0] * 20)
+    nested = paired_ratio(ratios, [1.0] * 20, processes=[0] * 10 + [1] * 10)
+    assert nested.value == pytest.approx(flat.value)
+    assert nested.low < flat.low and nested.high > flat.high
+    assert nested.low == pytest.approx(1.0, rel=0.01) and nested.high == pytest.approx(1.5, rel=0.01)
+
+
+# --- the rounds' order ----------------------------------------------------------------------------
+
+
+def test_each_round_has_a_fresh_order_drawn_again_from_its_seed():
+    names = ["explicit", "einsum", "mathfirst", "fused", "torch", CONTROL]
+    orders = round_orders(names, 15, seed=0)
+    assert all(sorted(order) == sorted(names) for order in orders)
+    assert len({tuple(order) for order in orders}) > 10  # 720 orders: repeats are rare
+    assert round_orders(names, 15, seed=0) == orders
+    assert round_orders(names, 15, seed=1) != orders
+
+
+def test_a_run_records_its_orders_and_times_a_control_unless_told_not_to():
+    settings = tiny_settings(variants=("explicit", "torch"), rounds=3)
+    (block,) = run(settings)["blocks"]
+    assert block["rounds"]["orders"] == round_orders(["explicit", "torch", CONTROL], 3, seed=0)
+    assert len(block["rounds"]["others"]) == len(block["rounds"]["contended"]) == 3
+    assert [row["variant"] for row in block["rows"]] == ["explicit", "torch"]  # the control apart
+    control = block["control"]
+    assert control["variant"] == CONTROL and len(control["forward_rounds_s"]) == 3
+    assert control["max_abs_dlogp"] == 0.0  # the same weights as torch's
+    assert control["forward_vs_torch"] > 0 and control["forward_vs_torch_low"] is not None
+    (block,) = run(tiny_settings(variants=("explicit", "torch"), rounds=2, control=False))["blocks"]
+    assert block["control"] is None and len(block["rounds"]["orders"][0]) == 2
+
+
+# --- what the table, json and csv say -----------------------------------------------------------
+
+SLOWER = [1.30, 1.32, 1.28, 1.31, 1.29, 1.30]  # explicit 30% slower than torch in every round
+TORCH = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
+NOISY = [1.3, 0.7, 1.2, 0.8, 1.25, 0.75]  # as fast as torch on the whole, but noisy
+
+
+def test_a_ratio_whose_interval_holds_one_is_shown_as_not_told_apart():
+    report = report_with({"explicit": {"forward": SLOWER, "train": NOISY},
+                          "torch": {"forward": TORCH, "train": TORCH}})
+    explicit = table_cells(render(report, "github"))["explicit"]
+    expected = math.exp(statistics.mean(math.log(a / b) for a, b in zip(SLOWER, TORCH, strict=True)))
+    assert explicit[3] == f"{expected:.2f}"  # fwd ×torch: told apart, no mark
+    assert explicit[5].startswith(SAME_MARK)  # train ×torch: its interval holds 1
+    assert table_cells(render(report, "github"))["torch"][3] == "1.00"  # 1 by definition
+    assert f"{SAME_MARK}: not told apart from torch" in render(report, "github")
+
+
+def test_a_ratio_inside_the_controls_interval_is_not_told_apart():
+    """explicit is 3% slower in every round, which alone is resolved; the control (torch against
+    itself) spreads wider than that, so the run cannot resolve 3%."""
+    explicit = [1.03 * t for t in TORCH]
+    control = [1.06, 0.95, 1.05, 0.96, 1.07, 0.94]
+    alone = report_with({"explicit": {"forward": explicit, "train": explicit},
+                         "torch": {"forward": TORCH, "train": TORCH}})
+    with_control = report_with({"explicit": {"forward": explicit, "train": explicit},
+                                "torch": {"forward": TORCH, "train": TORCH},
+                                CONTROL: {"forward": control, "train": control}})
+    assert not table_cells(render(alone, "github"))["explicit"][3].startswith(SAME_MARK)
+    assert table_cells(render(with_control, "github"))["explicit"][3].startswith(SAME_MARK)
+    lines = render(with_control, "github").splitlines()
+    assert any(line.startswith("  control, torch against itself: fwd ") for line in lines)
+    (block,) = with_control["blocks"]
+    assert block["control"]["forward_vs_torch_low"] <= 1.03 <= block["control"]["forward_vs_torch_high"]
+
+
+def test_wide_json_and_csv_carry_every_intervals_bounds():
+    report = report_with({"explicit": {"forward": SLOWER, "train": NOISY},
+                          "torch": {"forward": TORCH, "train": TORCH}})
+    row = json.loads(render(report, "json"))["blocks"][0]["rows"][0]
+    for key in ("forward_vs_torch", "train_vs_torch"):
+        assert row[f"{key}_low"] < row[key] < row[f"{key}_high"]
+    assert row["forward_vs_torch_resolved"] is True and row["train_vs_torch_resolved"] is False
+    header = render(report, "csv").splitlines()[0].split(",")
+    assert {"forward_vs_torch_low", "forward_vs_torch_high", "train_vs_torch_resolved"} <= set(header)
+    wide = render(report, "github", wide=True)
+    low, high = row["forward_vs_torch_low"], row["forward_vs_torch_high"]
+    assert f"{row['forward_vs_torch']:.2f} [{low:.2f}, {high:.2f}]" in wide
+
+
+def test_rounds_on_busy_cores_are_said_first_and_counted_under_the_table():
+    record = {"orders": [["explicit", "torch"]] * 6, "seed": 0,
+              "others": [0.0, 0.9, 0.0, 1.1, 0.0, 0.0], "contended": [False, True, False, True, False, False]}
+    steady = {"explicit": {"forward": SLOWER, "train": SLOWER}, "torch": {"forward": TORCH, "train": TORCH}}
+    lines = render(report_with(steady, rounds_record=record), "github").splitlines()
+    assert lines[0] == ("warning: 2 of 6 rounds ran on busy cores (others used up to 1.10 cores); "
+                        "read each ratio with its interval")
+    assert "  6 rounds, rows in a fresh order each (seed 0); 2 of them on busy cores (in the intervals)" in lines
+    quiet = record | {"contended": [False] * 6}
+    assert not render(report_with(steady, rounds_record=quiet), "github").startswith("warning")
+
+
+def test_the_compact_table_fits_120_characters_with_every_ratio_marked_and_every_line():
+    noisy = {"forward": NOISY, "train": NOISY}
+    record = {"orders": [["a"]] * 6, "seed": 0, "others": [1.0] * 6, "contended": [True] * 6}
+    report = report_with({"explicit": noisy, "torch": {"forward": TORCH, "train": TORCH},
+                          CONTROL: noisy}, BUSY_CORES, contended=True, scale=9.0, rounds_record=record)
+    text = render(report, "github")
+    assert text.count(SAME_MARK) >= 3  # both of explicit's ratios and the legend
+    assert max(map(len, text.splitlines())) <= 120, text
+
+
+# --- rounds pooled from several processes ---------------------------------------------------------
+
+
+def test_pooled_processes_concatenate_rounds_and_resample_by_process():
+    """Two processes' reports of the same rows: every round kept with its process, the times the
+    median of the processes', the ratios made again over all rounds."""
+    first = report_with({"explicit": {"forward": SLOWER, "train": SLOWER},
+                         "torch": {"forward": TORCH, "train": TORCH}})
+    faster = [0.9 * t for t in SLOWER]
+    second = report_with({"explicit": {"forward": faster, "train": faster},
+                          "torch": {"forward": TORCH, "train": TORCH}})
+    for index, report in enumerate((first, second)):
+        report["blocks"][0]["rounds"] = {"orders": [["explicit", "torch"]] * 6, "seed": index,
+                                         "others": [0.0] * 6, "contended": [False] * 6}
+    pooled = pool([first, second])
+    row = pooled["blocks"][0]["rows"][0]
+    assert pooled["meta"]["processes"] == 2
+    assert row["forward_rounds_s"] == SLOWER + faster
+    assert row["forward_rounds_process"] == [0] * 6 + [1] * 6
+    ratios = [a / b for a, b in zip(SLOWER + faster, TORCH + TORCH, strict=True)]
+    assert row["forward_vs_torch"] == pytest.approx(math.exp(statistics.mean(map(math.log, ratios))))
+    assert row["forward_ms"] == pytest.approx(statistics.median(
+        [report["blocks"][0]["rows"][0]["forward_ms"] for report in (first, second)]))
+    assert pooled["blocks"][0]["rounds"]["process"] == [0] * 6 + [1] * 6
