@@ -277,7 +277,10 @@ def rounds_line(block: dict) -> str | None:
         return None
     count = len(rounds["orders"])
     busy = sum(1 for flag in rounds.get("contended", []) if flag)
-    return (f"{count} rounds, rows in a fresh order each (seed {rounds['seed']}); "
+    seeds = rounds["seed"] if isinstance(rounds["seed"], list) else [rounds["seed"]]  # pooled: one a process
+    source = f" from {len(seeds)} processes" if len(seeds) > 1 else ""
+    seed = f"seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    return (f"{count} rounds{source}, rows in a fresh order each ({seed}); "
             f"{busy} of them on busy cores" + (" (in the intervals)" if busy else ""))
 
 

@@ -194,3 +194,5 @@ def test_pooled_processes_concatenate_rounds_and_resample_by_process():
     assert row["forward_ms"] == pytest.approx(statistics.median(
         [report["blocks"][0]["rows"][0]["forward_ms"] for report in (first, second)]))
     assert pooled["blocks"][0]["rounds"]["process"] == [0] * 6 + [1] * 6
+    assert "  12 rounds from 2 processes, rows in a fresh order each (seeds 0, 1); 0 of them on busy cores" \
+        in render(pooled, "github").splitlines()
