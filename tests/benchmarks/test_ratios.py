@@ -155,7 +155,8 @@ def test_rounds_on_busy_cores_are_said_first_and_counted_under_the_table():
     lines = render(report_with(steady, rounds_record=record), "github").splitlines()
     assert lines[0] == ("warning: 2 of 6 rounds ran on busy cores (others used up to 1.10 cores); "
                         "read each ratio with its interval")
-    assert "  6 rounds, rows in a fresh order each (seed 0); 2 of them on busy cores (in the intervals)" in lines
+    assert ("  6 rounds, rows in a fresh order each (seed 0); 2 of them on busy cores (in the intervals)"
+            in lines)
     quiet = record | {"contended": [False] * 6}
     assert not render(report_with(steady, rounds_record=quiet), "github").startswith("warning")
 
