@@ -132,7 +132,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     if args.device == "cuda":
         device_or_exit(parser, args.device)
     engines = tuple(name for name in dict.fromkeys(args.variants) if name in ENGINES)
-    if problem := engines_problem(engines, args.decode_len):
+    if problem := engines_problem(engines, args.decode_len, device=args.device, dtypes=tuple(args.dtype),
+                                  autocast=args.autocast):
         parser.error(problem)
     if args.freeze and not args.compile:
         parser.error("--freeze is an option of --compile; give both")

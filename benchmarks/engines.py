@@ -45,12 +45,19 @@ def row_argument(text: str) -> str:
     return text if text in ENGINES else variant_argument(text)
 
 
-def engines_problem(engines: tuple[str, ...], decode_len: int) -> str | None:
-    """Why compare.py cannot time these engine rows (nothing to decode, or the deploy extra
-    missing), or None; checked before any work."""
-    if engines and decode_len == 1:
-        return f"the {', '.join(engines)} rows time decoding only: give --decode-len above 1"
-    return missing_extra(engines) if engines else None
+def engines_problem(engines: tuple[str, ...], decode_len: int, *, device: str = "cpu",
+                    dtypes: tuple[str, ...] = ("float32",), autocast: bool = False) -> str | None:
+    """Why compare.py cannot time these engine rows (nothing to decode, no CPU float32 block
+    for them to join, or the deploy extra missing), or None; checked before any work."""
+    if not engines:
+        return None
+    rows = f"the {', '.join(engines)} rows"
+    if decode_len == 1:
+        return f"{rows} time decoding only: give --decode-len above 1"
+    if device == "cuda" or "float32" not in dtypes or autocast:
+        return (f"{rows} join CPU float32 blocks only (their reduced precision is their int8 row): "
+                "give --dtype float32 without --autocast, on --device cpu or all")
+    return missing_extra(engines)
 
 
 def missing_extra(engines: tuple[str, ...]) -> str | None:

@@ -58,6 +58,10 @@ def test_compare_splits_engines_from_variants():
     [
         (["--variants", "ctranslate2", "--decode-len", "1"], "--decode-len above 1"),
         (["--variants", "tensorrt"], "tensorrt"),
+        # no block the engine rows could join: a table with no rows at all
+        (["--variants", "onnxruntime", "--dtype", "bfloat16"], "CPU float32 blocks only"),
+        (["--variants", "ctranslate2", "--autocast"], "CPU float32 blocks only"),
+        (["--variants", "fused", "ctranslate2", "--dtype", "float16", "bfloat16"], "CPU float32 blocks only"),
     ],
 )
 def test_bad_engine_options_exit_2_with_one_line(options, named, capsys):
