@@ -38,45 +38,102 @@ PRE = SMALL.replace(norm_first=True)
 # deviation -> (the fixture that carries it, the exit status, a line the checker prints for it);
 # docs/check.md's table lists the same, with the digits of the default config
 DEVIATIONS = {
-    "a sinusoid table built in float32": (
+    'a sinusoid table built in float32': (
         f"{FIXTURES}.sublayers:Float32Table", 1,
-        "note: src_embed differs by 6.7e-08: float32 rounding, e.g. a float32 position table"),
-    "LayerNorm of the std, eps outside the root": (
-        f"{FIXTURES}.bugs:Source1LayerNorm", 1, "first divergence: encoder.layers.0.norm1 (max |Δ| 0.05)"),
-    "scores scaled by √d_model (or √embed_size)": (
+        'note: src_embed differs by 6.7e-08: float32 rounding, e.g. a float32 position table'),
+    'LayerNorm of the std, eps outside the root': (
+        f"{FIXTURES}.bugs:Source1LayerNorm", 1,
+        'first divergence: encoder.layers.0.norm1 (max |Δ| 0.05)'),
+    'scores scaled by √d_model (or √embed_size)': (
         f"{FIXTURES}.bugs:ScaledBySqrtDModel", 1,
-        "first divergence: encoder.layers.0.self_attn (max |Δ| 0.67)"),
-    "one head-sized projection shared by all heads": (
+        'first divergence: encoder.layers.0.self_attn (max |Δ| 0.67)'),
+    'one head-sized projection shared by all heads': (
         f"{FIXTURES}.bugs:OneProjectionForAllHeads", 1,
-        "first divergence: encoder.layers.0.self_attn (max |Δ| 2.7)"),
-    "learned positions, embeddings not scaled by √d_model": (
-        f"{FIXTURES}.bugs:LearnedPositionsUnscaled", 1, "first divergence: src_embed (max |Δ| 6.2)"),
-    "attention projections without biases": (
+        'first divergence: encoder.layers.0.self_attn (max |Δ| 2.7)'),
+    'learned positions': (
+        f"{FIXTURES}.bugs:LearnedPositions", 1,
+        'first divergence: src_embed (max |Δ| 3)'),
+    'learned positions, embeddings not scaled by √d_model': (
+        f"{FIXTURES}.bugs:LearnedPositionsUnscaled", 1,
+        'first divergence: src_embed (max |Δ| 6.2)'),
+    "the decoder's final norm built, never applied": (
+        f"{FIXTURES}.bugs:NoFinalDecoderNorm", 1,
+        'first divergence: decoder.norm (not computed by NoFinalDecoderNorm)'),
+    'cross-attention keys and values swapped': (
+        f"{FIXTURES}.bugs:SwappedCrossKeysValues", 1,
+        'first divergence: decoder.layers.1.cross_attn (max |Δ| 4.4)'),
+    'attention projections without biases': (
         f"{FIXTURES}.blocks:Checked", 0,
-        "declared absent (None in the weight map): 24 biases, held at zero in both models and left out of "
-        "the gradient checks"),
-    "no final LayerNorms": (
-        f"{FIXTURES}.blocks:NoFinalNorms", 1, "first divergence: encoder.norm (max |Δ| 3.6)"),
-    "dropout not wired through to attention": (
+        'declared absent (None in the weight map): 24 biases, held at zero in both models'),
+    'no final LayerNorms': (
+        f"{FIXTURES}.blocks:NoFinalNorms", 1,
+        'first divergence: encoder.norm (max |Δ| 3.6)'),
+    'no final LayerNorms, probe map None': (
+        f"{FIXTURES}.blocks:NoFinalNormsUnprobed", 1,
+        "first divergence: encoder.norm (absent in NoFinalNormsUnprobed: compared at model.encoder's output; max |Δ| 3.6)"),
+    'dropout not wired through to attention': (
         f"{FIXTURES}.sublayers:UnwiredDropout", 1,
-        "encoder.layers.0.self_attn.dropout (Dropout(p=0.1, inplace=False)) still drops"),
-    "pre-norm only": (
+        'encoder.layers.0.self_attn.dropout (Dropout(p=0.1, inplace=False)) still drops'),
+    'pre-norm only': (
         f"{FIXTURES}.sublayers:Checked", 0,
-        "norm modes checked: pre-norm; post-norm: not supported: pre-norm only: each SublayerConnection "
-        "normalises first"),
-    "another LayerNorm eps": (
-        f"{FIXTURES}.blocks:LayerNormEps", 1, "first divergence: encoder.layers.0.norm1 (max |Δ| 2e-05)"),
-    "decode(memory, src_mask, tgt, tgt_mask)": (
+        'norm modes checked: pre-norm; post-norm: not supported: pre-norm only'),
+    'another LayerNorm eps': (
+        f"{FIXTURES}.blocks:LayerNormEps", 1,
+        'first divergence: encoder.layers.0.norm1 (max |Δ| 2e-05)'),
+    'LayerNorm eps 1e-12, float64 throughout': (
+        f"{FIXTURES}.residual:Eps1e12", 1,
+        'first divergence: encoder.layers.0.norm1 (max |Δ| 1.1e-06); everything before it agrees to 1.3e-15'),
+    'a LayerNorm between embedding and first layer': (
+        f"{FIXTURES}.residual:EmbeddingNorm", 1,
+        'first divergence: src_embed (max |Δ| 1.9); nothing comes before it'),
+    'logits, not log-probabilities': (
+        f"{FIXTURES}.residual:Logits", 1,
+        "hint: the rows' logsumexp is up to 4, not 0: logits, not log-probabilities"),
+    'masked scores filled with -inf': (
+        f"{FIXTURES}.residual:InfFill", 1,
+        'hint: NaN at 5 positions: masked scores are filled with -inf'),
+    'a flat (B·T, V) output': (
+        f"{FIXTURES}.residual:Flat", 1,
+        'shape (15, 19), expected (3, 5, 19); hint: a flat (B·T, V) output'),
+    "`padding_idx` at the tutorial's pad id, 1": (
+        f"{FIXTURES}.residual:PadAtOne", 1,
+        "row 1 of tgt_embed.weight's gradient is zero where the reference's is not"),
+    'no dropout on the attention weights': (
+        f"{FIXTURES}.residual:NoAttentionDropout", 1,
+        'missing dropout: encoder.layers.0.self_attn (attention weights)'),
+    "no dropout on the feed-forward's hidden layer": (
+        f"{FIXTURES}.residual:NoHiddenDropout", 1,
+        'missing dropout: encoder.layers.0.ff (hidden layer)'),
+    'the feed-forward width hard-wired (2048)': (
+        f"{FIXTURES}.residual:HardWiredWidth", 2,
+        'pass --d-ff 2048'),
+    'no maps written': (
+        f"{FIXTURES}.residual:Checked", 0,
+        "maps: inferred from Checked's modules"),
+    'encode and decode, no project': (
+        f"{FIXTURES}.tokens:NoProject", 0,
+        'protocol: forward only (it defines encode and decode but no project)'),
+    'decode(memory, src_mask, tgt, tgt_mask)': (
         f"{FIXTURES}.blocks:MemoryFirstDecode", 2,
-        "MemoryFirstDecode.decode takes (encoder_output, src_mask, tgt, tgt_mask), but the suite calls "
-        "decode(tgt, memory, src_mask, tgt_mask)"),
-    "the same under names the checker cannot read": (
+        'MemoryFirstDecode.decode takes (encoder_output, src_mask, tgt, tgt_mask), but the suite calls decode(tgt, memory, src_mask, tgt_mask)'),
+    'decode(trg_token_ids_batch, src_representations_batch, trg_mask, src_mask)': (
+        f"{FIXTURES}.tokens:TutorialDecodeOrder", 2,
+        'but the suite calls decode(tgt, memory, src_mask, tgt_mask)'),
+    'the same under names the checker cannot read': (
         f"{FIXTURES}.blocks:UnreadableDecodeOrder", 1,
-        "hint: an embedding got a mask or hidden states for ids: check the argument order"),
-    "masks laid out (B, 1, S) and (B, T, T)": (
+        'hint: an embedding got a mask or hidden states for ids: check the argument order'),
+    'masks laid out (B, 1, S) and (B, T, T)': (
         f"{FIXTURES}.sublayers:ThreeAxisMasks", 1,
-        "hint: check the masks: the suite passes src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T), bool, "
-        "True = may attend"),
+        'hint: check the masks: the suite passes src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T)'),
+    'decoder masks swapped': (
+        f"{FIXTURES}.tokens:SwappedMasks", 1,
+        'hint: with src_mask and tgt_mask exchanged in decode the model runs'),
+    'embeddings tied to the generator': (
+        f"{FIXTURES}.tokens:Tied", 2,
+        'check a tied model against the tied reference with --share-embeddings'),
+    'the same, checked as tied': (
+        f"{FIXTURES}.tokens:Tied --share-embeddings", 0,
+        'vocabularies 23 and 23 (shared, tied to the generator)'),
 }
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
 
@@ -256,15 +313,16 @@ def test_the_help_states_the_defaults(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("deviation", DEVIATIONS, ids=[spec.rpartition(".")[2]
+@pytest.mark.parametrize("deviation", DEVIATIONS, ids=[spec.rpartition(".")[2].replace(" --", "-")
                                                       for spec, _, _ in DEVIATIONS.values()])
 def test_each_deviation_end_to_end(deviation, capsys):
     """``python -m variants.check SPEC``; post-norm only where the class supports both modes (the
     finder explains the first post-norm check either way), to keep the run short."""
     spec, status, says = DEVIATIONS[deviation]
+    spec, *options = spec.split()
     both_modes = spec.partition(":")[0].endswith(".bugs")
     try:
-        code = main([spec, *(["--norm", "post"] if both_modes else [])])
+        code = main([spec, *options, *(["--norm", "post"] if both_modes else [])])
     except SystemExit as exit_info:
         code = exit_info.code
     captured = capsys.readouterr()
@@ -275,6 +333,6 @@ def test_each_deviation_end_to_end(deviation, capsys):
 def test_the_docs_table_of_deviations_is_the_fixtures():
     """docs/check.md lists every deviation here: the fixture, the exit status and the line."""
     page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").replace("\\|", "|")
-    rows = re.findall(r"^\| (.+?) \| `(\S+:\w+)` \| (\d) \| `([^`]+)` \|$", page, flags=re.M)
+    rows = re.findall(r"^\| (.+?) \| `(\S+:\w+(?: --[\w-]+)*)` \| (\d) \| `([^`]+)` \|$", page, flags=re.M)
     assert {deviation: (f"{FIXTURES}.{spec}", int(status), says) for deviation, spec, status, says in rows} \
         == DEVIATIONS
