@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from common.checks import check_int
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 
@@ -48,8 +49,7 @@ def random_batch(config: TransformerConfig, batch: int = 3, src_len: int = 7, tg
     (a permutation of the ids), so a real token is never padding, and with pad_id 0 the batch
     is the one drawn from [1, vocab) directly."""
     for name, value in (("batch", batch), ("src_len", src_len), ("tgt_len", tgt_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int(name, value, low=1)
     generator = torch.Generator().manual_seed(seed)
     pad = config.pad_id
 

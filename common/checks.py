@@ -5,10 +5,15 @@ Each check raises TypeError (wrong kind of thing, dtype included) or ValueError 
 range or device) with a message that names the argument, what it got and what was expected, so bad
 input never turns into a silent broadcast, an index error deep inside a layer, or a CUDA
 device-side assert.
+
+The settings classes and entry points above the model check their numbers with the three
+helpers below, one spelling each: ``check_int`` (an int, at least ``low``), ``check_number``
+(a finite number in a range) and ``KindError``, what both raise for a value of the wrong kind.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,6 +25,35 @@ from common.cache import DecoderCache
 
 # nn.Embedding (and advanced indexing, which reads uint8 as a boolean mask) take these only
 ID_DTYPES = (torch.int64, torch.int32)
+
+
+class KindError(TypeError, ValueError):
+    """A value of the wrong kind (a float where an int belongs, a bool where a number does): a
+    TypeError, and a ValueError too, so a command that turns ValueError into a usage error sees it."""
+
+
+def check_int(name: str, value: object, *, low: int | None = None) -> int:
+    """``value`` if it is an int (a bool is not one) and, with ``low``, at least ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KindError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+def check_number(name: str, value: object, *, low: float = 0.0, high: float = math.inf,
+                 low_closed: bool = False) -> float:
+    """``value`` if it is a number (int or float, not a bool) with ``low < value < high``
+    (``low <= value`` when ``low_closed``): never NaN, and finite unless ``high`` is."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise KindError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not ((low <= value) if low_closed else (low < value)) or not value < high:
+        if high == math.inf:
+            bounds = f"finite and >= {low:g}" if low_closed or low != 0 else "positive and finite"
+        else:
+            bounds = f"in {'[' if low_closed else '('}{low:g}, {high:g})"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return value
 
 
 _RANGE_CHECKED_BY_CALLER: ContextVar[bool] = ContextVar("range_checked_by_caller", default=False)

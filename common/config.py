@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
+
+from common.checks import check_number
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,9 @@ class TransformerConfig:
                 f"TransformerConfig.d_model ({self.d_model}) must be divisible by "
                 f"n_heads ({self.n_heads})"
             )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"TransformerConfig.dropout must be in [0, 1), got {self.dropout}")
-        if not 0.0 < self.norm_eps < math.inf:  # inf would flatten every LayerNorm output to its bias
-            raise ValueError(f"TransformerConfig.norm_eps must be positive and finite, got {self.norm_eps}")
+        check_number("TransformerConfig.dropout", self.dropout, high=1.0, low_closed=True)
+        # an infinite norm_eps would flatten every LayerNorm output to its bias
+        check_number("TransformerConfig.norm_eps", self.norm_eps)
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 f"TransformerConfig.share_embeddings needs one vocabulary: src_vocab_size "

@@ -34,6 +34,7 @@ import torch
 from tabulate import tabulate
 from torch import Tensor, nn
 
+from common.checks import check_int
 from common.config import TransformerConfig
 from seq2seq.data.batches import EncodedPairs, TokenBatches, TranslationData, encode_pairs
 from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus
@@ -70,12 +71,6 @@ class LearnersSettings:
     test_sentences: int | None = None  # score only the first N test sentences (None: all)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.corpus, CorpusSettings):
-            raise TypeError("LearnersSettings.corpus must be a CorpusSettings, got "
-                            f"{type(self.corpus).__name__}")
-        if not isinstance(self.translation, TranslationSettings):
-            raise TypeError("LearnersSettings.translation must be a TranslationSettings, got "
-                            f"{type(self.translation).__name__}")
         if not isinstance(self.variants, tuple) or not self.variants:
             raise ValueError(f"LearnersSettings.variants must be a non-empty tuple, got {self.variants!r}")
         unknown = [name for name in self.variants if name not in VARIANTS]
@@ -87,15 +82,11 @@ class LearnersSettings:
         if self.variants[0] != BASELINE:
             raise ValueError(f"LearnersSettings.variants must start with {BASELINE} (the row the others' "
                              f"translations are compared with), got {', '.join(self.variants)}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"LearnersSettings.seed must be an int, got {self.seed!r}")
+        check_int("LearnersSettings.seed", self.seed)
         if self.dtype not in DTYPES:
             raise ValueError(f"LearnersSettings.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.test_sentences is not None and (isinstance(self.test_sentences, bool)
-                                                or not isinstance(self.test_sentences, int)
-                                                or self.test_sentences < 1):
-            raise ValueError(f"LearnersSettings.test_sentences must be a positive int or None, "
-                             f"got {self.test_sentences!r}")
+        if self.test_sentences is not None:
+            check_int("LearnersSettings.test_sentences", self.test_sentences, low=1)
 
 
 @dataclass(frozen=True)
@@ -113,8 +104,6 @@ class LearnerData:
 
 def prepare(settings: LearnersSettings) -> LearnerData:
     """Load the corpus, train its vocabulary, encode the splits: one vocabulary for every row."""
-    if not isinstance(settings, LearnersSettings):
-        raise TypeError(f"settings must be a LearnersSettings, got {type(settings).__name__}")
     translation = settings.translation
     corpus = load_corpus(settings.corpus)
     vocabulary = train_vocabulary(training_sentences(corpus), translation.vocabulary_settings())

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from common.checks import check_number
 from common.cli import Parser, device_or_exit, one_line, positive
 from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
 from seq2seq.data.subwords import Vocabulary
@@ -52,8 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive(int), default=None)
     args = parser.parse_args(argv)
-    if not 0 <= args.alpha < float("inf"):
-        parser.error(f"--alpha must be finite and >= 0, got {args.alpha}")
+    try:
+        check_number("--alpha", args.alpha, low_closed=True)
+    except ValueError as error:
+        parser.error(str(error))
     args.device = device_or_exit(parser, args.device)
     return args
 

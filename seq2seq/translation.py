@@ -39,6 +39,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from common.checks import check_int, check_number
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 from seq2seq.data.batches import EncodedPairs, batches_by_length
@@ -81,11 +82,9 @@ class TranslationSettings:
 
     def __post_init__(self) -> None:
         for name in ("batch_tokens", "pool_size", "steps", "eval_every", "max_seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TranslationSettings.{name} must be a positive int, got {value!r}")
-        if self.minutes is not None and not 0 < self.minutes < float("inf"):
-            raise ValueError(f"TranslationSettings.minutes must be positive and finite, got {self.minutes!r}")
+            check_int(f"TranslationSettings.{name}", getattr(self, name), low=1)
+        if self.minutes is not None:
+            check_number("TranslationSettings.minutes", self.minutes)
         self.vocabulary_settings()  # each owner checks its own fields
         self.recipe()
 
@@ -146,8 +145,6 @@ def train_translation(trainer: Trainer, settings: TranslationSettings,
     checkpoints) is not counted, and the reports ``on_step`` gets count their seconds alike.
     Under several processes they all stop at the same step (rank 0's clock decides).
     """
-    if not isinstance(settings, TranslationSettings):
-        raise TypeError(f"settings must be a TranslationSettings, got {type(settings).__name__}")
     losses: list[float] = []
     outside = 0.0  # seconds spent in on_step
 
@@ -228,8 +225,7 @@ def translate(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str]
     """
     if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
         raise TypeError("sentences must be a sequence of str")
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"beam_size must be a positive int, got {beam_size!r}")
+    check_int("beam_size", beam_size, low=1)
     config = model.config
     if vocabulary.size != config.src_vocab_size or vocabulary.size != config.tgt_vocab_size:
         raise ValueError(f"the vocabulary has {vocabulary.size} pieces, the model's vocabularies "

@@ -30,21 +30,14 @@ from seq2seq.data.subwords import Vocabulary, VocabularySettings
 @dataclass(frozen=True)
 class TranslationData:
     """Where a training stream's batches come from: what a checkpoint records as its ``data``
-    settings, and a resumed run must share."""
+    settings, and a resumed run must share. Its numbers are the caller's, checked where they
+    were given (``TranslationSettings``)."""
 
     corpus: CorpusSettings  # the corpus and its split
     vocabulary: VocabularySettings  # the subword vocabulary trained on its train split
     batch_tokens: int  # source + target positions per batch, padding included
     pool_size: int  # pairs drawn per batch
     seed: int  # the stream's generator
-
-    def __post_init__(self) -> None:
-        for name in ("batch_tokens", "pool_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"TranslationData.{name} must be a positive int, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"TranslationData.seed must be an int, got {self.seed!r}")
 
 
 
@@ -77,8 +70,6 @@ class TokenBatches:
     """
 
     def __init__(self, encoded: EncodedPairs, data: TranslationData) -> None:
-        if not isinstance(data, TranslationData):
-            raise TypeError(f"data must be a TranslationData, got {type(data).__name__}")
         if not encoded.sources or len(encoded.sources) != len(encoded.targets):
             raise ValueError(f"need as many sources as targets, at least one: got "
                              f"{len(encoded.sources)} and {len(encoded.targets)}")

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from common.checks import check_int, check_number
+
 SPLITS: tuple[str, ...] = ("train", "valid", "test")
 ATTRIBUTION = "www.manythings.org/anki and tatoeba.org"  # what the Tatoeba exports ask to be credited
 NORMALIZATIONS: tuple[str, ...] = ("NFC", "NFKC")
@@ -53,15 +55,10 @@ class CorpusSettings:
     def __post_init__(self) -> None:
         if not isinstance(self.path, str) or not self.path:
             raise TypeError(f"CorpusSettings.path must be a non-empty str, got {self.path!r}")
-        for name in ("max_words", "split_seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"CorpusSettings.{name} must be an int, got {type(value).__name__} {value!r}")
-        if self.max_words < 1:
-            raise ValueError(f"CorpusSettings.max_words must be positive, got {self.max_words}")
+        check_int("CorpusSettings.max_words", self.max_words, low=1)
+        check_int("CorpusSettings.split_seed", self.split_seed)
         for name in ("valid_fraction", "test_fraction"):
-            if not 0.0 < getattr(self, name) < 1.0:
-                raise ValueError(f"CorpusSettings.{name} must lie in (0, 1), got {getattr(self, name)!r}")
+            check_number(f"CorpusSettings.{name}", getattr(self, name), high=1.0)
         if self.valid_fraction + self.test_fraction >= 1.0:
             raise ValueError("CorpusSettings.valid_fraction + test_fraction must leave room for "
                              f"training, got {self.valid_fraction} + {self.test_fraction}")
@@ -98,8 +95,6 @@ class Corpus:
 
 def load_corpus(settings: CorpusSettings) -> Corpus:
     """Read, normalise, filter and split the export that ``settings.path`` names."""
-    if not isinstance(settings, CorpusSettings):
-        raise TypeError(f"settings must be a CorpusSettings, got {type(settings).__name__}")
     translations: dict[str, list[str]] = {}  # source -> its translations, in file order
     for source, target in read_pairs(settings.path):
         source, target = normalize(source, settings.normalization), normalize(target, settings.normalization)

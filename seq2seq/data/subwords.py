@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from common.checks import check_int
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 
 UNK_ID = 3
@@ -38,9 +39,7 @@ class VocabularySettings:
     model_type: str = "bpe"  # "bpe" or "unigram"
 
     def __post_init__(self) -> None:
-        if isinstance(self.size, bool) or not isinstance(self.size, int):
-            raise TypeError(f"VocabularySettings.size must be an int, got {type(self.size).__name__}")
-        if self.size <= UNK_ID + 1:
+        if check_int("VocabularySettings.size", self.size) <= UNK_ID + 1:
             raise ValueError(f"VocabularySettings.size must exceed {UNK_ID + 1} (ids 0-3 are PAD, BOS, "
                              f"EOS, UNK), got {self.size}")
         if self.model_type not in MODEL_TYPES:
@@ -115,8 +114,6 @@ def train_vocabulary(sentences: Iterable[str], settings: VocabularySettings) -> 
     Deterministic: one thread, every sentence read, none sampled. A size the sentences cannot
     fill is a ``ValueError``.
     """
-    if not isinstance(settings, VocabularySettings):
-        raise TypeError(f"settings must be a VocabularySettings, got {type(settings).__name__}")
     model = io.BytesIO()
     try:
         _sentencepiece().SentencePieceTrainer.train(

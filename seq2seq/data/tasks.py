@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from common.checks import check_int
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 
 FIRST_TOKEN_ID = EOS_ID + 1  # the smallest content token
@@ -67,10 +68,7 @@ def check_settings(task: object, batch_size: object, *, vocab_size: object, min_
         raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASKS)}")
     for name, value in (("batch_size", batch_size), ("vocab_size", vocab_size),
                         ("min_len", min_len), ("max_len", max_len)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be positive, got {value}")
+        check_int(name, value, low=1)
     if vocab_size <= FIRST_TOKEN_ID:
         raise ValueError(
             f"vocab_size must exceed {FIRST_TOKEN_ID} (ids 0, 1, 2 are PAD, BOS, EOS), got {vocab_size}"
@@ -95,8 +93,7 @@ class TaskData:
 
     def __post_init__(self) -> None:
         check_settings(self.task, self.batch_size, **self.shape())
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
+        check_int("seed", self.seed)
 
     def shape(self) -> dict[str, int]:
         """The ``vocab_size``, ``min_len`` and ``max_len`` keywords of the task functions."""
@@ -111,8 +108,6 @@ class TaskBatches:
     """
 
     def __init__(self, data: TaskData) -> None:
-        if not isinstance(data, TaskData):
-            raise TypeError(f"data must be a TaskData, got {type(data).__name__}")
         self.data = data
         self.generator = torch.Generator().manual_seed(data.seed)
 

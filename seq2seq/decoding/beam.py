@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from common.checks import check_int, check_number
 from seq2seq.decoding.greedy import NextToken, check_arguments
 
 BEAM_SIZE = 4  # section 6.1
@@ -73,14 +74,8 @@ def beam_search(
     ``use_cache=False`` decodes by full recompute even where the model has a cache.
     """
     config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache)
-    if isinstance(beam_size, bool) or not isinstance(beam_size, int):
-        raise TypeError(f"beam_size must be an int, got {type(beam_size).__name__} {beam_size!r}")
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be at least 1, got {beam_size}")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"alpha must be a number, got {type(alpha).__name__} {alpha!r}")
-    if not 0 <= alpha < math.inf:  # a negative alpha would favour short output: lp would shrink
-        raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+    check_int("beam_size", beam_size, low=1)
+    check_number("alpha", alpha, low_closed=True)  # a negative alpha would favour short output
     batch, k, vocab = src.shape[0], beam_size, config.tgt_vocab_size
     next_token_logp = NextToken(model, src, src_mask, use_cache)  # encodes, and checks src
     device = src.device

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from common.cache import batch_first
+from common.checks import check_int
 from common.config import TransformerConfig
 from common.masks import decoder_mask
 
@@ -131,8 +132,7 @@ def check_arguments(
                         f"[1, max_seq_len={config.max_seq_len}]; greedy decoding has no default, got None")
     lengths = [] if max_len is None else [("max_len", max_len)]
     for name, value in (*lengths, ("bos_id", bos_id), ("eos_id", eos_id)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        check_int(name, value)
     if max_len is not None and not 1 <= max_len <= config.max_seq_len:
         raise ValueError(
             f"max_len must lie in [1, max_seq_len={config.max_seq_len}] (it counts BOS), "

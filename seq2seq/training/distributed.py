@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from common.checks import check_int
+
 
 @dataclass(frozen=True)
 class World:
@@ -36,12 +38,9 @@ class World:
     local_rank: int = 0  # this process among those on its machine; picks its GPU
 
     def __post_init__(self) -> None:
-        for name in ("rank", "size", "local_rank"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"World.{name} must be an int, got {type(value).__name__} {value!r}")
-        if self.size < 1:
-            raise ValueError(f"World.size must be positive, got {self.size}")
+        check_int("World.size", self.size, low=1)
+        for name in ("rank", "local_rank"):
+            check_int(f"World.{name}", getattr(self, name))
         if not 0 <= self.rank < self.size:
             raise ValueError(f"World.rank must lie in [0, size={self.size}), got {self.rank}")
         if not 0 <= self.local_rank < self.size:

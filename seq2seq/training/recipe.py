@@ -15,12 +15,12 @@ predicts ``tgt[:, 1:]``, padding excluded from the loss. Works with any model fr
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from common.checks import check_int, check_number
 from common.masks import decoder_mask, padding_mask
 from seq2seq.training import distributed
 from seq2seq.training.distributed import SINGLE, World
@@ -37,12 +37,9 @@ class Recipe:
     eps: float = 1e-9
 
     def __post_init__(self) -> None:
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 1:
-            raise ValueError(f"Recipe.warmup must be a positive int, got {self.warmup!r}")
-        if not 0 < self.lr_factor < math.inf:  # an infinite rate trains to NaN weights
-            raise ValueError(f"Recipe.lr_factor must be positive and finite, got {self.lr_factor!r}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ValueError(f"Recipe.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        check_int("Recipe.warmup", self.warmup, low=1)
+        check_number("Recipe.lr_factor", self.lr_factor)  # an infinite rate trains to NaN weights
+        check_number("Recipe.label_smoothing", self.label_smoothing, high=1.0, low_closed=True)
 
 
 def learning_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

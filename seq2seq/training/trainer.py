@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
+from common.checks import check_int
 from common.weights import apply_import, export_weights, prepare_import
 from seq2seq.training import distributed
 from seq2seq.training.checkpoint import Checkpoint, check_resumable
@@ -68,8 +69,7 @@ class Trainer:
         ``on_step`` sees a ``StepReport`` after each step, on every rank (losses and token
         counts are the whole batch's, the same on every rank).
         """
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"steps must be a positive int, got {steps!r}")
+        check_int("steps", steps, low=1)
         if steps < self.step:
             raise ValueError(f"steps ({steps}) is below the {self.step} steps already done")
         pad_id = self.model.config.pad_id

@@ -85,9 +85,7 @@ class StaticDecoding:
         """(B, S, D) memory and its key mask -> a ``StaticCache`` of ``max_len`` positions; or
         ``out``, a cache this model started for the same shapes, refilled in place."""
         checks.check_start(self, memory, src_mask)
-        if isinstance(max_len, bool) or not isinstance(max_len, int):
-            raise TypeError(f"max_len must be an int, got {type(max_len).__name__} {max_len!r}")
-        if not 1 <= max_len <= self.config.max_seq_len:
+        if not 1 <= checks.check_int("max_len", max_len) <= self.config.max_seq_len:
             raise ValueError(f"max_len must lie in [1, max_seq_len={self.config.max_seq_len}], got {max_len}")
         batch, src_len, _ = memory.shape
         if src_mask is None:  # a mask of fixed shape all the same: every source key open
