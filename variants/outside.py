@@ -257,7 +257,8 @@ def interfaced(cls: type[nn.Module]) -> type[EncoderDecoder]:
     """``cls`` itself if it is an EncoderDecoder mapping every canonical weight; else a subclass of
     it (and of the adapter for its protocol), with the same name, parameters and modules (so its
     maps apply as declared), plus a zero placeholder for each weight it maps to ``None``."""
-    absent = [pattern for pattern, target in getattr(cls, "weight_map", {}).items() if target is None]
+    declared = getattr(cls, "weight_map", None)
+    absent = [pattern for pattern, target in declared.items() if target is None] if isinstance(declared, dict) else []
     if issubclass(cls, EncoderDecoder) and not absent:
         return cls
     namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,

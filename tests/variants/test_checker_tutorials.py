@@ -295,3 +295,20 @@ class ForwardOnlyReordered(nn.Module):
 def test_a_forward_only_class_is_checked_for_order_too():
     with pytest.raises(SpecError, match=r"forward takes \(trg_seq, src_seq, src_mask, trg_mask\)"):
         build(f"{__name__}:ForwardOnlyReordered", SMALL)
+
+
+class BlocksWithoutMaps(blocks.Checked):
+    """blocks' adapter with its two maps taken out (None asks for them to be inferred)."""
+
+    weight_map = probe_map = None
+
+
+class SublayersWithoutMaps(sublayers.Checked):
+    weight_map = probe_map = None
+
+
+@pytest.mark.parametrize("name", ["BlocksWithoutMaps", "SublayersWithoutMaps"])
+def test_a_hand_written_adapter_passes_with_its_maps_left_out(name):
+    results = run_battery(f"{__name__}:{name}", config=SMALL, modes=("pre",))
+    assert all(r.passed is not False for r in results), [(r.check, r.detail) for r in results if not r.passed]
+    assert build(f"{__name__}:{name}", PRE).inferred_maps is True
