@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.config import TransformerConfig
@@ -133,12 +132,21 @@ class Float32Watch(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.seen:
-            for item in pytree.tree_leaves((args, kwargs, out)):
+            for item in _leaves((args, kwargs, out)):
                 if isinstance(item, Tensor) and (item.dtype in LOW_PRECISION or (
                         self.storages and item.untyped_storage().data_ptr() in self.storages)):
                     self.seen = True
                     break
         return out
+
+
+def _leaves(tree) -> list:
+    """The items of nested tuples, lists and dicts."""
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    if isinstance(tree, dict):
+        return [leaf for item in tree.values() for leaf in _leaves(item)]
+    return [tree]
 
 
 def capture(model: nn.Module, inputs: tuple[Tensor | None, ...],

@@ -202,7 +202,10 @@ def training_report(spec: str, failed: Result, seed: int) -> str:
         return f"\nno determinism probe: {explained(error)}"
     probe = (f"{drops} still drops: with dropout 0 in train mode, two seeds give different outputs"
              if drops else "with dropout 0 in train mode two seeds give the same outputs: nothing drops")
-    return f"\nwhy {failed.check} fails while the forward passes:\n  {probe}"
+    lines = [probe]
+    if not drops and failed.detail:
+        lines.append(f"so the gradients themselves differ: {failed.detail}")
+    return f"\nwhy {failed.check} fails while the forward passes:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 if __name__ == "__main__":
