@@ -28,10 +28,11 @@ from torch import Tensor, nn
 from common.batches import random_batch
 from common.config import TransformerConfig
 from common.probes import Probe, probe_points
-from common.weights import canonical_shapes
+from common.weights import Param, canonical_shapes
 
 PROJECTIONS = ("wq", "wk", "wv", "wo")
 GAIN_NAMES = ("weight", "gamma", "a_2", "alpha", "g", "gain", "scale")
+OUT_HINTS = re.compile(r"out|^w_?o$|^fc(_o)?$|^o(_proj)?$|^proj$", re.I)  # an output projection's names
 CROSS_HINTS = re.compile(r"src|enc|cross|mem|context|inter", re.I)
 
 
@@ -39,7 +40,7 @@ CROSS_HINTS = re.compile(r"src|enc|cross|mem|context|inter", re.I)
 class Draft:
     """Concrete maps (canonical name or point -> the model's name) and what could not be placed."""
 
-    weights: dict[str, str | None] = field(default_factory=dict)
+    weights: dict[str, str | Param | None] = field(default_factory=dict)
     probes: dict[str, Probe | None] = field(default_factory=dict)
     unplaced: list[str] = field(default_factory=list)  # the model's parameters no canonical name took
     notes: list[str] = field(default_factory=list)  # why a point or a weight is missing
@@ -92,13 +93,69 @@ def layer_lists(model: nn.Module, config: TransformerConfig) -> dict[str, str]:
     return found
 
 
-def attentions(layer: str, modules: dict[str, nn.Module], width: int) -> list[tuple[str, list[str]]]:
-    """(owner, its four D×D linears in registration order) for each attention inside ``layer``."""
+@dataclass(frozen=True)
+class Attention:
+    """One attention found in a layer: where W_q, W_k, W_v, W_o live, and where to probe it."""
+
+    owner: str
+    slots: tuple[tuple[str, str | None, tuple[int, int] | None], ...]  # (weight, bias, chunk) per projection
+    probe: Probe
+    linears: tuple[str, ...]  # the modules it uses, so the feed-forward search skips them
+
+
+def _linear_slot(path: str, modules: dict[str, nn.Module], chunk=None) -> tuple[str, str | None, tuple | None]:
+    return f"{path}.weight", f"{path}.bias" if modules[path].bias is not None else None, chunk
+
+
+QKV_WORDS = {"q": {"q", "query", "queries", "wq", "qs"}, "k": {"k", "key", "keys", "wk", "ks"},
+             "v": {"v", "value", "values", "wv", "vs"}}
+
+
+def _qkv_role(leaf: str) -> str | None:
+    """"q", "k" or "v" where a linear's own name says which projection it is."""
+    words = set(re.split(r"[_\d]+", leaf.lower()))
+    return next((role for role, known in QKV_WORDS.items() if words & known), None)
+
+
+def attentions(layer: str, modules: dict[str, nn.Module], width: int) -> list[Attention]:
+    """The attentions inside ``layer``, in registration order: an ``nn.MultiheadAttention``; or a
+    module holding four D×D linears (W_q, W_k, W_v, W_o in registration order), a fused
+    (3D, D) projection and a D×D output, or a D×D query, a fused (2D, D) key-value projection
+    and a D×D output."""
+    found: list[Attention] = []
     owners: dict[str, list[str]] = {}
     for path, module in modules.items():
-        if _under(path, layer) and isinstance(module, nn.Linear) and module.weight.shape == (width, width):
+        if not _under(path, layer) or any(_under(path, a.owner) for a in found):
+            continue
+        if isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
+            bias = f"{path}.in_proj_bias" if module.in_proj_bias is not None else None
+            slots = tuple((f"{path}.in_proj_weight", bias, (k, 3)) for k in range(3))
+            found.append(Attention(path, (*slots, _linear_slot(f"{path}.out_proj", modules)), Probe(path, item=0),
+                                   (f"{path}.out_proj",)))
+        elif isinstance(module, nn.Linear) and module.weight.shape[1] == width and \
+                module.weight.shape[0] in (width, 2 * width, 3 * width):
             owners.setdefault(_owner(path, modules), []).append(path)
-    return [(owner, linears) for owner, linears in owners.items() if len(linears) == 4]
+    for owner, linears in owners.items():
+        rows = sorted(modules[path].weight.shape[0] // width for path in linears)
+        square = [path for path in linears if modules[path].weight.shape[0] == width]
+        outs = [path for path in square if OUT_HINTS.search(path.rpartition(".")[2])]
+        if len(outs) == 1:  # named as the output projection: last, whatever its registration
+            square = [path for path in square if path != outs[0]] + outs
+        roles = [_qkv_role(path.rpartition(".")[2]) for path in square[:3]]
+        if len(square) == 4 and sorted(map(str, roles)) == ["k", "q", "v"]:  # named q, k, v: by name
+            square = [square[roles.index(role)] for role in "qkv"] + square[3:]
+        fused = next((path for path in linears if modules[path].weight.shape[0] > width), None)
+        if rows == [1, 1, 1, 1]:
+            slots = tuple(_linear_slot(path, modules) for path in square)
+        elif rows == [1, 3]:
+            slots = (*(_linear_slot(fused, modules, (k, 3)) for k in range(3)), _linear_slot(square[0], modules))
+        elif rows == [1, 1, 2]:
+            slots = (_linear_slot(square[0], modules), *(_linear_slot(fused, modules, (k, 2)) for k in range(2)),
+                     _linear_slot(square[1], modules))
+        else:
+            continue
+        found.append(Attention(owner, slots, Probe(square[-1]), tuple(linears)))
+    return sorted(found, key=lambda a: list(modules).index(a.owner))
 
 
 def trace(model: nn.Module, config: TransformerConfig, firsts: dict[str, str]
@@ -187,20 +244,20 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
             out.probes[prefix] = Probe(layer)
             found = attentions(layer, modules, width)
             names = ("self_attn",) if stack == "encoder" else ("self_attn", "cross_attn")
-            if len(found) == 2 and CROSS_HINTS.search(found[0][0].rpartition(".")[2]) \
-                    and not CROSS_HINTS.search(found[1][0].rpartition(".")[2]):
+            if len(found) == 2 and CROSS_HINTS.search(found[0].owner.rpartition(".")[2]) \
+                    and not CROSS_HINTS.search(found[1].owner.rpartition(".")[2]):
                 found.reverse()
-            for canonical, (_, linears) in zip(names, found, strict=False):
-                for proj, linear in zip(PROJECTIONS, linears, strict=True):
-                    out.weights[f"{prefix}.{canonical}.{proj}.weight"] = f"{linear}.weight"
+            for canonical, attention in zip(names, found, strict=False):
+                for proj, (weight, bias, chunk) in zip(PROJECTIONS, attention.slots, strict=True):
+                    out.weights[f"{prefix}.{canonical}.{proj}.weight"] = Param(weight, chunk=chunk) if chunk else weight
                     out.weights[f"{prefix}.{canonical}.{proj}.bias"] = \
-                        f"{linear}.bias" if modules[linear].bias is not None else None
-                out.probes[f"{prefix}.{canonical}"] = Probe(linears[3])
+                        None if bias is None else Param(bias, chunk=chunk) if chunk else bias
+                out.probes[f"{prefix}.{canonical}"] = attention.probe
             for w, (d_in, d_out) in (("w1", (width, config.d_ff)), ("w2", (config.d_ff, width))):
                 fits = [p for p, m in modules.items() if _under(p, layer) and isinstance(m, nn.Linear)
                         and m.weight.shape == (d_out, d_in)]
                 if d_in == d_out:
-                    used = {lin for _, lins in found for lin in lins}
+                    used = {lin for attention in found for lin in attention.linears}
                     fits = [p for p in fits if p not in used][w == "w2":][:1]
                 if len(fits) == 1:
                     out.weights[f"{prefix}.ff.{w}.weight"] = f"{fits[0]}.weight"
@@ -236,9 +293,10 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
             out.weights[f"{stack}.norm.weight"] = out.weights[f"{stack}.norm.bias"] = None
             out.probes[f"{stack}.norm"] = None
             out.notes.append(f"{container} has no LayerNorm after its layers: {stack}.norm declared absent")
-    placed = {target for target in out.weights.values() if target}
+    placed = {target.name if isinstance(target, Param) else target for target in out.weights.values() if target}
     first_name = {id(p): n for n, p in params.items()}
-    placed = {first_name.get(id(dict(model.named_parameters(remove_duplicate=False)).get(t)), t) for t in placed}
+    every = dict(model.named_parameters(remove_duplicate=False))
+    placed = {first_name.get(id(every.get(t)), t) for t in placed}
     out.unplaced = [name for name in params if name not in placed]
     return out
 
@@ -246,62 +304,77 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
 # --- writing the draft as patterns ------------------------------------------------------------
 
 
-def _generalise(entries: dict[str, str | None], layers: dict[tuple[str, int], str]) -> dict[str, str | None]:
-    """Concrete entries -> patterns with {i}, {stack} and {kind} where every instance agrees."""
+def _name(target) -> str | None:
+    return None if target is None else target if isinstance(target, str) else (
+        target.name if isinstance(target, Param) else target.module)
+
+
+def _renamed(target, name: str):
+    if isinstance(target, Param):
+        return Param(name, target.layout, target.chunk)
+    if isinstance(target, Probe):
+        return Probe(name, target.call, target.item)
+    return name
+
+
+def _generalise(entries: dict, layers: dict[tuple[str, int], str]) -> dict:
+    """Concrete entries (targets: a name, a Param, a Probe or None) -> patterns with {i},
+    {stack} and {kind} where every instance agrees."""
 
     def layer_template(stack: str) -> str | None:
         paths = [layers[(stack, i)] for i in range(len({k for s, k in layers if s == stack}))]
         template = paths[0].rpartition(".")[0] + ".{i}" if "." in paths[0] else "{i}"
         return template if all(template.format(i=i) == p for i, p in enumerate(paths)) else None
 
-    step: dict[str, str | None] = {}
+    step: dict = {}
     for name, target in entries.items():
         match = re.fullmatch(r"(encoder|decoder)\.layers\.(\d+)(\..+)?", name)
         template = layer_template(match.group(1)) if match else None
         if match and template is not None:
-            layer = layers[(match.group(1), int(match.group(2)))]
-            if target is None or target == layer or target.startswith(layer + "."):
-                rest = None if target is None else template + target[len(layer):]
+            layer, path = layers[(match.group(1), int(match.group(2)))], _name(target)
+            if path is None or path == layer or path.startswith(layer + "."):
+                rest = None if path is None else _renamed(target, template + path[len(layer):])
                 step[f"{match.group(1)}.layers.{{i}}{match.group(3) or ''}"] = rest
                 continue
         step[name] = target
-    merged: dict[str, str | None] = {}
+    merged: dict = {}
     for name, target in step.items():
         stack = name.partition(".")[0]
         other = {"encoder": "decoder", "decoder": "encoder"}.get(stack)
         twin = None if other is None else other + name[len(stack):]
         if other is not None and twin in step:
-            mine = None if target is None else target.replace(stack, "{stack}")
-            theirs = None if step[twin] is None else step[twin].replace(other, "{stack}")
-            if mine == theirs and (target is None or target.count(stack) >= 1):
+            mine, theirs = target, step[twin]
+            if mine is not None:
+                mine = _renamed(mine, _name(mine).replace(stack, "{stack}"))
+            if theirs is not None:
+                theirs = _renamed(theirs, _name(theirs).replace(other, "{stack}"))
+            if mine == theirs and (target is None or stack in _name(target)):
                 merged["{stack}" + name[len(stack):]] = mine
                 continue
         merged[name] = target
-    kinds: dict[str, str | None] = {}
+    kinds: dict = {}
     for name, target in merged.items():
         base, _, kind = name.rpartition(".")
         weight, bias = merged.get(f"{base}.weight", "-"), merged.get(f"{base}.bias", "-")
         same = (weight is None and bias is None) or (
-            isinstance(weight, str) and isinstance(bias, str) and weight.endswith(".weight")
-            and bias == weight[: -len("weight")] + "bias")
+            type(weight) is type(bias) and _name(weight) is not None and _name(weight).endswith("weight")
+            and bias == _renamed(weight, _name(weight)[: -len("weight")] + "bias"))
         if kind in ("weight", "bias") and same:
-            kinds[f"{base}.{{kind}}"] = None if weight is None else weight[: -len("weight")] + "{kind}"
+            kinds[f"{base}.{{kind}}"] = None if weight is None else \
+                _renamed(weight, _name(weight)[: -len("weight")] + "{kind}")
         else:
             kinds[name] = target
     return kinds
 
 
-def weight_patterns(found: Draft) -> dict[str, str | None]:
+def weight_patterns(found: Draft) -> dict:
     return _generalise(found.weights, found.layers)
 
 
-def probe_patterns(found: Draft) -> dict[str, Probe | str | None]:
-    plain = {point: (None if probe is None else probe.module if probe.call == 0 else probe)
-             for point, probe in found.probes.items()}
-    strings = {point: target for point, target in plain.items() if not isinstance(target, Probe)}
-    patterns: dict[str, Probe | str | None] = dict(_generalise(strings, found.layers))
-    patterns.update({point: target for point, target in plain.items() if isinstance(target, Probe)})
-    return patterns
+def probe_patterns(found: Draft) -> dict:
+    general = _generalise(found.probes, found.layers)
+    return {point: probe.module if isinstance(probe, Probe) and probe.call == 0 and probe.item is None else probe
+            for point, probe in general.items()}
 
 
 def complete(found: Draft, config: TransformerConfig) -> list[str]:
@@ -319,14 +392,16 @@ def as_python(found: Draft, config: TransformerConfig, name: str) -> str:
     missing = complete(found, config)
     if missing:
         lines.append(f"# TODO: not placed: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}")
-    if found.unplaced:
-        lines.append(f"# parameters with no canonical name (learned positions, an extra norm?): list them in "
-                     f"extra_parameters, or map them")
+    if found.unplaced and not missing:
+        lines.append("# parameters with no canonical name (learned positions, an extra norm?): list them in "
+                     "extra_parameters, or map them")
         lines.append(f"extra_parameters = {tuple(found.unplaced)!r}")
+    elif found.unplaced:
+        lines.append(f"# {len(found.unplaced)} parameters not placed, e.g. {', '.join(found.unplaced[:3])}")
     lines.append("weight_map = {")
     lines += [f"    {key!r}: {value!r}," for key, value in weight_patterns(found).items()]
     lines.append("}")
-    lines.append("probe_map = {  # from common.probes import Probe, where a Probe(...) appears")
+    lines.append("probe_map = {  # Probe: from common.probes; Param (in weight_map): from common.weights")
     lines += [f"    {key!r}: {value!r}," for key, value in probe_patterns(found).items()]
     lines.append("}")
     return "\n".join(lines)

@@ -16,9 +16,9 @@ from torch import Tensor, nn
 
 from common.batches import random_batch
 from common.probes import PointDifference, Probe, first_divergence, precision_notes
-from common.weights import canonical_shapes, match_patterns
+from common.weights import Param, canonical_shapes, match_patterns
 from tests.fixtures.outside import blocks, residual, sublayers, tokens, tutorial
-from variants import REFERENCE, SpecError, build
+from variants import REFERENCE, SpecError, build, variant_class
 from variants.battery import (
     CONFIG,
     FLOAT64,
@@ -199,12 +199,20 @@ def concrete(table: dict, names) -> dict:
     """A map's entries resolved to concrete names (the strings a pattern's fields fill)."""
     matched, problems = match_patterns(table, names)
     assert not problems, problems
-    return {name: (target if target is None or isinstance(target, str) else target.module).format(**fields)
-            if target is not None else None for name, (target, fields) in matched.items()}
+    resolved = {}
+    for name, (target, fields) in matched.items():
+        if isinstance(target, str):
+            target = Param(target)
+        resolved[name] = None if target is None else Param(target.name.format(**fields), target.layout,
+                                                           target.chunk)
+    return resolved
 
 
-@pytest.mark.parametrize(("cls", "config"), [(tutorial.Transformer, POST), (blocks.Checked, PRE),
-                                             (sublayers.Checked, PRE)], ids=["tutorial", "blocks", "sublayers"])
+@pytest.mark.parametrize(("cls", "config"), [
+    (tutorial.Transformer, POST), (blocks.Checked, PRE), (sublayers.Checked, PRE),
+    (variant_class("explicit"), POST), (variant_class("einsum"), POST), (variant_class("fused"), POST),
+    (variant_class(REFERENCE), POST)],
+    ids=["tutorial", "blocks", "sublayers", "explicit", "einsum", "fused", "torch"])
 def test_the_suggested_weight_map_is_the_one_written_by_hand(cls, config):
     found = draft(interfaced(cls)(config), config)
     shapes = canonical_shapes(config)
