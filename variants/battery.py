@@ -5,9 +5,13 @@ Each check gives a ``Result`` (check, passed, largest difference, tolerance); a 
 check carries its ``Case``, which ``locate`` reruns point by point (``common.probes``) to name
 where the two first part. Every check runs in each norm mode the class supports (``norm_modes``);
 a mode it does not support is one "not supported" row, not a failure. A failed gradient check
-names the first weight, in order of computation, whose gradient differs, and ``still_drops``
-names a module that drops at dropout 0. An error raised inside the model is reported with the
-file and line it came from and, where its text suggests one, a likely cause. Nothing here prints.
+names the first weight, in order of computation, whose gradient really differs (past float32
+rounding where float32 is on the path), zero embedding rows and weights no gradient reaches, and
+``still_drops`` names a module that drops at dropout 0. A failed forward carries a hint where the
+output suggests one (logits, NaN behind a -inf fill, a flat output); the dropout-sites check
+compares where dropout is applied in train mode (``variants.sites``). An error raised inside the
+model is reported with the file and line it came from and, where its text suggests one, a likely
+cause (for masks a decoder reads swapped, found by trying the swap). Nothing here prints.
 """
 
 from __future__ import annotations

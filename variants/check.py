@@ -4,12 +4,16 @@ disagrees, the first point of the computation where it does.
     python -m variants.check mypackage.model:Transformer       # an outside class (docs/check.md)
     python -m variants.check mypackage.model:Transformer --norm pre --d-model 64 --heads 8
     python -m variants.check einsum --against explicit          # any two variants
+    python -m variants.check mypackage.model:Transformer --suggest-maps   # draft maps to paste
+    python -m variants.check mypackage.model:Tied --share-embeddings       # a tied model, tied reference
 
 Prints the config and the norm modes that ran, a table (check, result, largest difference,
 tolerance) and, after a failed forward check, every probe point in order of computation with its
 largest |Δ| and the reference's own float32 rounding there, the first point past both marked;
 after a failed gradient or training check whose forward passes, the first weight whose gradient
-differs and whether a module still drops at dropout 0. A norm mode the class does not support
+differs and whether a module still drops at dropout 0; hints where the output or an error suggests
+a classic mistake (logits, a -inf fill, a flat output, swapped masks, tied weights); and the
+dropout sites that are missing or extra in train mode. A norm mode the class does not support
 is reported as such, not failed. Exit status 0 if every check of a supported mode passes, 1 if
 one fails, 2 if SPEC cannot be built in any mode asked for (one line).
 """
