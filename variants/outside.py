@@ -40,6 +40,7 @@ from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.probes import resolve_probes
 from common.weights import Param, canonical_shapes, check_weight_map, match_patterns
+from variants.suggest import complete, draft
 
 ENTRY_POINT_GROUP = "transformer_variants.variants"
 STAGES = ("encode", "decode", "project")
@@ -185,8 +186,6 @@ def inferred(spec: str, cls: type[nn.Module], config: TransformerConfig) -> type
     class that declares neither); SpecError naming what could not be placed."""
     key = (cls, config)
     if key not in _INFERRED:
-        from variants.suggest import complete, draft  # the drafting machinery, only when needed
-
         try:
             model = interfaced(cls)(config)
         except NotImplementedError:
