@@ -245,6 +245,29 @@ def test_the_cache_keeps_keys_and_values_with_the_heads_merged():
         torch.testing.assert_close(got, keys(embedded, "decoder.layers.0.self_attn", proj), **FLOAT64_TOL)
 
 
+def test_the_static_cache_writes_each_step_at_its_one_0d_position():
+    """The static cache (variants/fused/static.py) holds one 0-d position, the tensor every layer
+    shares and ``static_step`` takes; step t writes keys at slot t only, equal to those the
+    growing cache appends at step t."""
+    config = small_config()
+    model = build("fused", config, seed=0).double().eval()
+    generator = torch.Generator().manual_seed(0)
+    memory = torch.randn(2, 4, config.d_model, generator=generator, dtype=torch.float64)
+    ids = torch.tensor([[1, 5], [1, 6]])  # (B, 2): two steps
+    with torch.no_grad():
+        static = model.start_static_cache(memory, None, 6)
+        growing = model.start_cache(memory)
+        assert static.position.shape == ()
+        assert all(layer.position is static.position for layer in static.layers)
+        for t in range(2):
+            model.static_step(ids[:, t:t + 1], torch.tensor(t), static)
+            model.decode_step(ids[:, t:t + 1], growing)
+            assert static.position.shape == () and int(static.position) == t
+    for layer, grown in zip(static.layers, growing.layers, strict=True):
+        torch.testing.assert_close(layer.self_keys[:, :2], grown.self_keys, **FLOAT64_TOL)
+        assert not layer.self_keys[:, 2:].any()  # the slots not yet written stay zero
+
+
 # --- which SDPA kernel runs -------------------------------------------------------------------
 
 
