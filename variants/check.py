@@ -32,6 +32,7 @@ from common.probes import first_divergence, number, precision_notes
 from variants import REFERENCE, VARIANTS, SpecError, build, variant_argument, variant_class
 from variants.battery import (
     CONFIG,
+    MASK_HINT,
     MODES,
     STEPS,
     Result,
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         if result.detail:
             detail, _, hint = result.detail.partition("; hint: ")
+            if hint == MASK_HINT and any("exchanged in decode" in seen for seen in hints):
+                hint = next(seen for seen in hints if "exchanged in decode" in seen)  # the cause found above
             print(f"  {result.check}: {detail}" + (f"; hint: {hint}" if hint and hint not in hints
                                                    else "; hint: as above" if hint else ""))
             hints.add(hint)
