@@ -23,13 +23,12 @@ from scripts.learners_study import (
     run_learners,
     train_learner,
 )
+from seq2seq.data.batches import TokenBatches
 from seq2seq.data.corpus import CorpusSettings
 from seq2seq.data.ids import PAD_ID
 from seq2seq.training.trainer import Trainer, seed_dropout
-from seq2seq.data.batches import TokenBatches
 from seq2seq.translation import TranslationSettings
 from tests.helpers import small_config
-from tests.seq2seq.conftest import sample_corpus  # noqa: F401  (the fixture: the sample corpus the tests write)
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 
 WIDE_SPLIT = dict(valid_fraction=0.2, test_fraction=0.2)
