@@ -204,7 +204,7 @@ def load(path: str | os.PathLike) -> ModelFile:
     """The model file or checkpoint at ``path`` (a ``Checkpoint`` for a checkpoint), checked whole.
 
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the file for one
-    that is truncated, corrupt, not ours, of another version, or lacking a field.
+    that is truncated, corrupt, not ours, or of another version.
     """
     path = Path(path)
     if not path.is_file():
@@ -236,8 +236,8 @@ def _why_unreadable(path: Path) -> str:
     loading it again with ``weights_only=False``, which would run whatever code the file holds,
     so it is never passed on."""
     try:  # the names of the classes and functions the file would need to run, if it is an archive
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except Exception:  # not an archive at all: truncated, or something else
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)  # torch >= 2.5
+    except Exception:  # not an archive at all (truncated, or something else), or torch 2.4
         unsafe = []
     if unsafe:
         return (f"(it holds a {unsafe[0]}, which is not plain data; it is not loaded, since loading "
