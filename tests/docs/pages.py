@@ -16,6 +16,7 @@ DOCS = ROOT / "docs"
 RESULTS = DOCS / "results"
 DOCS_PAGES = sorted(DOCS.glob("*.md"))
 RESULT_PAGES = sorted(RESULTS.glob("*.md"))
+RESULTS_INDEX = RESULTS / "README.md"  # the list of every dated run
 PAGES = [README_PAGE, *DOCS_PAGES, *RESULT_PAGES]
 README = README_PAGE.read_text(encoding="utf-8")
 # [`symbol`](file.py): a link whose text is a code span and whose target is a Python file

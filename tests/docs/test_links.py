@@ -18,6 +18,7 @@ from tests.docs.pages import (
     PAGES,
     README_PAGE,
     RESULT_PAGES,
+    RESULTS_INDEX,
     ROOT,
     anchors,
     defined_names,
@@ -84,7 +85,9 @@ def test_readme_links_every_docs_page():
 
 
 def test_past_runs_list_every_results_page():
-    """Every run log of docs/results/ is reachable from the benchmarks page's Past runs list."""
+    """Every run log of docs/results/ is listed in the folder's index, which the benchmarks
+    page's Past runs links."""
     assert RESULT_PAGES, "docs/results/ holds no run log"
-    listed = set(re.findall(r"\]\(results/([\w.-]+\.md)\)", section("Past runs", DOCS / "benchmarks.md")))
-    assert listed == {page.name for page in RESULT_PAGES}
+    listed = set(re.findall(r"\]\(([\w.-]+\.md)\)", section("Runs", RESULTS_INDEX)))
+    assert listed == {page.name for page in RESULT_PAGES if page != RESULTS_INDEX}
+    assert "(results/README.md)" in section("Past runs", DOCS / "benchmarks.md")

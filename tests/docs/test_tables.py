@@ -14,10 +14,26 @@ from tests.docs.pages import DOCS, ROOT, fenced_block, section, table_rows
 
 BENCHMARKS_PAGE = DOCS / "benchmarks.md"
 CURRENT_REPORT = DOCS / "results" / "cpu-base-f32.json"
-# The current results table's columns after the variant: the report's key for each and how a
-# value is written (ms to one decimal, ratios as 0.97x, shares as 54%, differences as 1.9e-06).
-CURRENT_COLUMNS = (("forward_ms", "{:.1f}"), ("train_ms", "{:.1f}"), ("train_vs_torch", "{:.2f}x"),
-                   ("train_pct_peak", "{:.0f}%"), ("max_abs_dlogp", "{:.1e}"))
+
+
+def ratio_form(key: str):
+    """A ratio as the table writes it: ``0.97x [0.95, 0.99]``, with a leading ≈ where the report
+    says it is not told apart from torch's (its ``key_resolved`` is false; torch's own is 1)."""
+    def form(result: dict) -> str:
+        same = "≈" if result.get(f"{key}_resolved") is False and result["variant"] != "torch" else ""
+        return f"{same}{result[key]:.2f}x [{result[key + '_low']:.2f}, {result[key + '_high']:.2f}]"
+    return form
+
+
+def value_form(key: str, pattern: str):
+    return lambda result: pattern.format(result[key])
+
+
+# The current results table's columns after the variant, each as the report's row is written
+# there (ms to one decimal, ratios with their interval, shares as 54%, differences as 1.9e-06).
+CURRENT_COLUMNS = (value_form("forward_ms", "{:.1f}"), ratio_form("forward_vs_torch"),
+                   value_form("train_ms", "{:.1f}"), ratio_form("train_vs_torch"),
+                   value_form("train_pct_peak", "{:.0f}%"), value_form("max_abs_dlogp", "{:.1e}"))
 VARIANT_ROWS = ("explicit", "einsum", "mathfirst", "fused", "torch")
 
 
@@ -39,7 +55,8 @@ def test_readme_results_quote_the_current_table():
 
 def test_current_table_shows_its_raw_report():
     """Each cell of the current table is the raw report's value for that row, one value per
-    block (8 × 128 / 2 × 512), rounded as the column writes it; the command is the report's."""
+    block (joined by " / " when there are several), rounded as the column writes it; the
+    command is the report's."""
     command, rows = current_results()
     assert [row.split("|")[1].strip() for row in rows] == list(VARIANT_ROWS)
     assert CURRENT_REPORT.is_file(), (
@@ -51,8 +68,7 @@ def test_current_table_shows_its_raw_report():
     for row in rows:
         variant, *cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
         measured = [next(r for r in block["rows"] if r["variant"] == variant) for block in blocks]
-        expected = [" / ".join(form.format(result[key]) for result in measured)
-                    for key, form in CURRENT_COLUMNS]
+        expected = [" / ".join(form(result) for result in measured) for form in CURRENT_COLUMNS]
         assert cells == expected, f"the {variant} row differs from {CURRENT_REPORT.name}"
 
 
