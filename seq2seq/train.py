@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from common.cli import Parser, config_or_exit, device_or_exit, directory_problem, one_line, positive
 from seq2seq.data import tasks
-from seq2seq.data.batches import TokenBatches, TranslationData, encode_pairs
+from seq2seq.data.batches import TokenBatches, TranslationData, encode_pairs, within
 from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
 from seq2seq.data.ids import PAD_ID
 from seq2seq.data.subwords import Vocabulary, train_vocabulary
@@ -41,6 +41,7 @@ from seq2seq.training.checkpoint import (
     Checkpoint,
     checkpoint_path,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     save,
 )
@@ -64,6 +65,12 @@ TASK_DEFAULTS: dict[str, object] = {
     "steps": 300, "warmup": 100, "lr_factor": 1.0, "label_smoothing": 0.1, "vocab": 13, "d_model": 64,
     "heads": 4, "layers": 2, "d_ff": 128, "dropout": 0.0, "norm_first": False, "share_embeddings": False,
 }
+# options only the synthetic tasks read, and only translation reads, with their defaults: one
+# given to the other kind of run is a usage error, not silently ignored
+TASK_ONLY: dict[str, object] = {"batch": 128, "min_len": 1, "max_len": 10, "eval_size": 1000}
+TRANSLATE_ONLY: dict[str, object] = {"data": None, "max_words": 8, "preset": "cpu", "batch_tokens": None,
+                                     "minutes": None, "eval_every": None}
+KEEP_CHECKPOINTS = 5  # the newest checkpoints kept by default: what python -m seq2seq.average --last reads
 # TranslationSettings field -> the option that sets it (and takes the preset's value as default)
 PRESET_OPTIONS = {
     "vocabulary_size": "vocab", "d_model": "d_model", "n_heads": "heads", "n_layers": "layers",
@@ -97,15 +104,20 @@ def progress_bar(steps: int, done: int = 0,
     """
     tokens = 0
     bar_format = "[{bar:30}] step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
-    if minutes is not None:
-        bar_format = f"step {{n_fmt}} [{{elapsed}} of {minutes:g} min{{postfix}}]"
+    if minutes is not None:  # the budget counts training time; the wall time adds validation and saves
+        bar_format = "step {n_fmt} [{postfix}]"
     with tqdm(total=steps, initial=done, file=sys.stderr, bar_format=bar_format, ascii=".#") as bar:
 
         def show(report: StepReport) -> None:
             nonlocal tokens
             tokens += report.tokens
             rate = tokens / max(report.seconds, 1e-9)
-            bar.set_postfix_str(f"loss {report.loss:.4f}  lr {report.lr:.2e}  {rate:,.0f} tok/s",
+            budget = ""
+            if minutes is not None:
+                wall = tqdm.format_interval(bar.format_dict["elapsed"])
+                budget = (f"training {tqdm.format_interval(report.seconds)} of {minutes:g} min, "
+                          f"wall {wall}  ")
+            bar.set_postfix_str(f"{budget}loss {report.loss:.4f}  lr {report.lr:.2e}  {rate:,.0f} tok/s",
                                 refresh=False)
             bar.update()
 
@@ -135,16 +147,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--task", choices=(*tasks.TASKS, TRANSLATE), default="reverse")
     parser.add_argument("--steps", type=positive(int),
                         help=_default("steps", "steps in all (a resumed run continues up to this many)"))
-    parser.add_argument("--batch", type=int, default=128,
-                        help="sequences per step, all processes together")
+    parser.add_argument("--batch", type=int, default=None,
+                        help="sequences per step, all processes together (default 128)")
     parser.add_argument("--seed", type=int, default=0, help="weights, training data and dropout")
     parser.add_argument("--warmup", type=int,
                         help=_default("warmup", "warm-up steps (the paper: 4000 for 100k steps)"))
     parser.add_argument("--lr-factor", type=float, help=_default("lr_factor"))
     parser.add_argument("--label-smoothing", type=float, help=_default("label_smoothing"))
     parser.add_argument("--vocab", type=int, help=_default("vocab", "vocabulary size, PAD/BOS/EOS included"))
-    parser.add_argument("--min-len", type=int, default=1)
-    parser.add_argument("--max-len", type=int, default=10)
+    parser.add_argument("--min-len", type=int, default=None, help="default 1")
+    parser.add_argument("--max-len", type=int, default=None, help="default 10")
     for option in ("d_model", "heads", "layers", "d_ff"):
         parser.add_argument(f"--{option.replace('_', '-')}", type=int, help=_default(option))
     parser.add_argument("--dropout", type=float, help=_default("dropout"))
@@ -156,7 +168,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                       "share one vocabulary"))
     parser.add_argument("--bf16", action="store_true",
                         help="forward pass under bfloat16 autocast (CPU or CUDA); off by default")
-    parser.add_argument("--eval-size", type=positive(int), default=1000, help="held-out sequences")
+    parser.add_argument("--eval-size", type=positive(int), default=None, help="held-out sequences (default 1000)")
     parser.add_argument("--device", default="cpu",
                         help="e.g. cpu, cuda, cuda:1 (under torchrun, cuda is each process's own GPU)")
     parser.add_argument("--threads", type=positive(int), default=None,
@@ -168,28 +180,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-every", type=positive(int), default=None, metavar="STEPS")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start afresh in a --checkpoint-dir that holds checkpoints, deleting them "
+                             "(without it, or --resume, such a directory is refused)")
+    parser.add_argument("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS, metavar="N",
+                        help=f"keep the newest N checkpoints, deleting older ones after each save "
+                             f"(default {KEEP_CHECKPOINTS}, what seq2seq.average --last reads; 0 keeps all)")
     translation = parser.add_argument_group(
         "translation (--task translate)",
         "--vocab is the joint subword vocabulary's size; --steps, the model and the recipe "
         "options default to the preset's values")
     translation.add_argument("--data", type=Path, default=None, metavar="PATH",
                              help="a manythings.org export: fra-eng.zip or its fra.txt")
-    translation.add_argument("--max-words", type=positive(int), default=8, metavar="N",
+    translation.add_argument("--max-words", type=positive(int), default=None, metavar="N",
                              help="keep English sentences of at most N words (default 8)")
-    translation.add_argument("--preset", choices=tuple(PRESETS), default="cpu",
+    translation.add_argument("--preset", choices=tuple(PRESETS), default=None,
                              help="model, batches and recipe sized for a 2-core CPU or one GPU")
     translation.add_argument("--batch-tokens", type=positive(int), default=None,
                              help="source + target positions per step, padding included")
     translation.add_argument("--minutes", type=positive(float), default=None,
-                             help="stop after this much training time (validation not counted)")
+                             help="stop after this much training time (validation and checkpoint "
+                                  "saves not counted; the bar shows both clocks)")
     translation.add_argument("--eval-every", type=positive(int), default=None, metavar="STEPS",
                              help="validation loss and greedy BLEU every STEPS steps")
     args = parser.parse_args(argv)
-    for option, value in defaults(args.task, args.preset).items():
+    translating = args.task == TRANSLATE
+    for option in (TASK_ONLY if translating else TRANSLATE_ONLY):
+        if getattr(args, option) is not None:
+            needs = f"--task {TRANSLATE}" if not translating else "the synthetic tasks"
+            parser.error(f"--{option.replace('_', '-')} is for {needs}; --task {args.task} does not read it")
+    for option, value in (TRANSLATE_ONLY if translating else TASK_ONLY).items():
         if getattr(args, option) is None:
             setattr(args, option, value)
-    if (args.resume or args.save_every) and args.checkpoint_dir is None:
-        parser.error("--resume and --save-every need --checkpoint-dir")
+    for option, value in defaults(args.task, args.preset or "cpu").items():
+        if getattr(args, option) is None:
+            setattr(args, option, value)
+    if (args.resume or args.save_every or args.overwrite) and args.checkpoint_dir is None:
+        parser.error("--resume, --save-every and --overwrite need --checkpoint-dir")
+    if args.resume and args.overwrite:
+        parser.error("--resume continues the checkpoints that --overwrite deletes: give one of them")
+    if args.keep_checkpoints < 0:
+        parser.error(f"--keep-checkpoints must be at least 0 (0 keeps all), got {args.keep_checkpoints}")
+    if args.checkpoint_dir is not None and not args.resume and (found := list_checkpoints(args.checkpoint_dir)):
+        if not args.overwrite:
+            parser.error(f"--checkpoint-dir {args.checkpoint_dir} holds {len(found)} checkpoints of an "
+                         f"earlier run (newest {found[-1].name}): --resume continues it, --overwrite "
+                         "deletes them and starts afresh")
     if args.task == TRANSLATE:
         _translation_args(parser, args)
     else:
@@ -203,8 +239,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _task_args(parser: Parser, args: argparse.Namespace) -> None:
     """``data``, ``recipe`` and ``config`` of a synthetic task."""
-    if args.data is not None:
-        parser.error(f"--data is for --task {TRANSLATE}; {args.task} draws its own sequences")
     try:
         args.data = TaskData(args.task, args.batch, args.vocab, args.min_len, args.max_len, args.seed)
         args.recipe = Recipe(warmup=args.warmup, lr_factor=args.lr_factor,
@@ -243,6 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     world = World.from_environment()
+    if args.overwrite and world.is_main:  # asked for: the earlier run's checkpoints go
+        for old in list_checkpoints(args.checkpoint_dir):
+            old.unlink(missing_ok=True)
     device = distributed.device_for(args.device, world)
     with distributed.process_group(world, device):
         if args.task == TRANSLATE:
@@ -316,6 +353,9 @@ def _train(args: argparse.Namespace, trainer: Trainer,
             path = checkpoint_path(args.checkpoint_dir, step)
             try:
                 save(checkpoint, path)
+                if args.keep_checkpoints:  # only once the newest is safely written
+                    for old in list_checkpoints(args.checkpoint_dir)[:-args.keep_checkpoints]:
+                        old.unlink(missing_ok=True)
             except OSError as error:  # a disk that filled up, or a directory removed, mid-run
                 sys.exit(f"python -m seq2seq.train: error: cannot write {path}: {one_line(error)}")
 
@@ -364,11 +404,21 @@ def _translate(args: argparse.Namespace, world: World, device: torch.device) -> 
         except (OSError, ValueError) as error:
             _resume_failed(args, path, error, world)
     else:
-        vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
+        try:  # e.g. a vocabulary larger than a small corpus can fill
+            vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
+        except ValueError as error:
+            sys.exit(f"python -m seq2seq.train: error: {one_line(error)}; a smaller --vocab, or a larger corpus")
     data = TranslationData(args.corpus, settings.vocabulary_settings(), settings.batch_tokens,
                            settings.pool_size, args.seed)
-    try:
-        batches = TokenBatches(encode_pairs(vocabulary, corpus.pairs("train")), data)
+    max_len = settings.max_seq_len
+    for name in ("valid", "test"):  # sources it will translate: each must fit the model
+        sources = vocabulary.encode([example.source for example in corpus.split(name)])
+        if (longest := max(len(ids) + 1 for ids in sources)) > max_len:
+            sys.exit(f"python -m seq2seq.train: error: a {name} sentence is {longest} pieces long with EOS, "
+                     f"more than the model's max_seq_len {max_len}: a smaller --max-words")
+    try:  # pairs longer than the model reads or writes are left out of training and validation
+        train, long_train = within(encode_pairs(vocabulary, corpus.pairs("train")), max_len)
+        batches = TokenBatches(train, data)
     except ValueError as error:
         sys.exit(f"python -m seq2seq.train: error: {one_line(error)}")
     model = build(args.variant, args.config, seed=args.seed).to(device)
@@ -381,11 +431,14 @@ def _translate(args: argparse.Namespace, world: World, device: torch.device) -> 
                            f"{len(corpus.valid):,} valid / {len(corpus.test):,} test English sentences, "
                            f"{vocabulary.size} subwords, {settings.steps} steps{limit} of "
                            f"{settings.batch_tokens} tokens")
-    valid = encode_pairs(vocabulary, corpus.pairs("valid"))
+    valid, long_valid = within(encode_pairs(vocabulary, corpus.pairs("valid")), max_len)
+    if (long := long_train + long_valid) and world.is_main:
+        print(f"{long} train or valid pairs longer than max_seq_len {max_len} left out of training and "
+              "validation loss (the test scores keep every reference)", file=sys.stderr)
     normalization = args.corpus.normalization
 
     def validate(report: StepReport) -> None:
-        if report.step % settings.eval_every == 0:
+        if report.step % settings.eval_every == 0 and valid.sources:
             loss = validation_loss(trainer.model, valid, settings.batch_tokens)
             scores = evaluate(trainer.model, vocabulary, corpus.valid, beam_sizes=(1,),
                               normalization=normalization)[1]

@@ -4,8 +4,9 @@
     python -m seq2seq.translate runs/fr/average.pt "I'm hungry." "Where is the station?"
     echo "Thank you." | python -m seq2seq.translate runs/fr/average.pt --beam 1
 
-Sentences come from the command line, or one per line from stdin when none are given; each
-translation is printed on its own line, in order. Beam search (beam 4, alpha 0.6) by default,
+Sentences come from the command line, or one per line from stdin when none are given (lines
+may end in LF, CRLF or a lone CR); each translation is printed on its own line, in order, a
+blank input line giving a blank output line. Beam search (beam 4, alpha 0.6) by default,
 ``--beam 1`` for greedy decoding. ``--score`` instead reports test BLEU and chrF, greedy and
 beam 4, on the test split of the corpus the model was trained on (the path its settings name,
 or ``--data``). A thin shell over ``seq2seq.translation``.
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="with --score: the corpus export, if not where the model's settings say")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive(int), default=None)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options may come between or after the sentences
     try:
         check_number("--alpha", args.alpha, low_closed=True)
     except ValueError as error:
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.score:
         _score(args, record, model, vocabulary)
         return
-    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    # one output line per input line, a blank one included (translated as a blank line)
+    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
     try:
         translations = translate(model, vocabulary, sentences, beam_size=args.beam, alpha=args.alpha,
                                  normalization=normalization)

@@ -171,6 +171,9 @@ def train_translation(trainer: Trainer, settings: TranslationSettings,
 def validation_loss(model: nn.Module, encoded: EncodedPairs, batch_tokens: int = 4096) -> float:
     """Teacher-forced cross-entropy per target token (no label smoothing) over every pair, in
     eval mode (the model's mode is restored)."""
+    check_int("batch_tokens", batch_tokens, low=1)
+    if not encoded.sources:
+        raise ValueError("validation_loss: no pairs to score")
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -219,18 +222,21 @@ def translate(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str]
     ``beam_size=1``, else beam search (``seq2seq.decoding.beam``, length penalty ``alpha``).
 
     Each sentence is normalised as the corpus was (``normalization``) and may produce up to
-    its length + 50 pieces (section 6.1), within the model's ``max_seq_len``. Runs in eval mode
+    its length + 50 pieces (section 6.1), within the model's ``max_seq_len``; one that is empty
+    after normalisation translates to "". Runs in eval mode
     (the model's mode is restored) on the model's device, ``batch_size`` sentences at a time,
     shortest first.
     """
     if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
         raise TypeError("sentences must be a sequence of str")
     check_int("beam_size", beam_size, low=1)
+    check_int("batch_size", batch_size, low=1)
     config = model.config
     if vocabulary.size != config.src_vocab_size or vocabulary.size != config.tgt_vocab_size:
         raise ValueError(f"the vocabulary has {vocabulary.size} pieces, the model's vocabularies "
                          f"{config.src_vocab_size} and {config.tgt_vocab_size}")
-    sources = [[*ids, EOS_ID] for ids in vocabulary.encode([normalize(s, normalization) for s in sentences])]
+    texts = [normalize(s, normalization) for s in sentences]
+    sources = [[*ids, EOS_ID] for ids in vocabulary.encode(texts)]
     for index, ids in enumerate(sources):
         if len(ids) > config.max_seq_len:
             raise ValueError(f"sentence {index} is {len(ids)} pieces long with EOS; the model reads "
@@ -238,7 +244,8 @@ def translate(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str]
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    # a blank sentence translates to a blank line, without the model
+    order = sorted((i for i in range(len(sources)) if texts[i]), key=lambda i: len(sources[i]))
     output: list[str] = [""] * len(sources)
     for first in range(0, len(order), batch_size):
         rows = order[first:first + batch_size]

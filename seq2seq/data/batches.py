@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from common.checks import check_int
 from seq2seq.data.corpus import CorpusSettings
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.data.subwords import Vocabulary, VocabularySettings
@@ -56,6 +57,15 @@ def encode_pairs(vocabulary: Vocabulary, pairs: Sequence[tuple[str, str]]) -> En
     targets = vocabulary.encode([target for _, target in pairs])
     return EncodedPairs([torch.tensor([*ids, EOS_ID]) for ids in sources],
                         [torch.tensor([BOS_ID, *ids, EOS_ID]) for ids in targets])
+
+
+def within(encoded: EncodedPairs, max_len: int) -> tuple[EncodedPairs, int]:
+    """The pairs whose source and target (EOS, and BOS, included) each fit ``max_len``
+    positions, and how many were left out."""
+    check_int("max_len", max_len, low=1)
+    kept = [(src, tgt) for src, tgt in zip(encoded.sources, encoded.targets, strict=True)
+            if len(src) <= max_len and len(tgt) <= max_len]
+    return EncodedPairs([src for src, _ in kept], [tgt for _, tgt in kept]), len(encoded.sources) - len(kept)
 
 
 class TokenBatches:

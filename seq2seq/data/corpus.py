@@ -140,7 +140,8 @@ def normalize(text: str, form: str = "NFKC") -> str:
 def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     """The (English, French) pairs of an export, as written (not normalised), in file order.
 
-    A blank line is skipped; a line without two non-empty tab-separated columns (a third, the
+    Lines end in LF, CRLF or a lone CR (universal newlines). A blank line is skipped; a NUL
+    byte, a truncated zip, a line without two non-empty tab-separated columns (a third, the
     attribution, is dropped), bytes that are not UTF-8, a missing file, an unreadable zip and
     a file without a single pair are each a ``ValueError`` naming the file (and the line).
     """
@@ -152,11 +153,17 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
         where = f"{path}:{name}"
     else:
         data, where = path.read_bytes(), str(path)
+        if data.startswith(b"PK\x03\x04"):  # a zip's first entry, without its directory at the end
+            raise ValueError(f"{path}: a damaged zip (truncated, or not fully downloaded?): "
+                             "its central directory is missing")
     pairs = []
-    for number, raw in enumerate(data.split(b"\n"), start=1):
+    # universal line ends, as Python's text files read them: LF, CRLF and a lone CR
+    for number, raw in enumerate(data.splitlines(), start=1):
         if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark
             raw = raw[3:]
-        raw = raw.rstrip(b"\r")
+        if (column := raw.find(b"\0")) >= 0:
+            raise ValueError(f"{where}, line {number}: holds a NUL byte (column {column + 1}); "
+                             "not a text export")
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:

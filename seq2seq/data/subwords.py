@@ -86,9 +86,18 @@ class Vocabulary:
         return self._processor.encode(list(texts))
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        """The text of each id sequence; PAD, BOS and EOS ids are left out."""
-        special = (PAD_ID, BOS_ID, EOS_ID)
-        return self._processor.decode([[int(i) for i in row if i not in special] for row in ids])
+        """The text of each id sequence; PAD, BOS and EOS ids are left out. An id outside
+        [0, size) is a ``ValueError``, one that is not an int a ``TypeError``."""
+        special, size = (PAD_ID, BOS_ID, EOS_ID), self.size
+        rows = []
+        for number, row in enumerate(ids):
+            for i in row:
+                check_int(f"decode: row {number}'s id", i)
+                if not 0 <= i < size:
+                    raise ValueError(f"decode: row {number} holds id {i}, outside the vocabulary's "
+                                     f"[0, {size})")
+            rows.append([int(i) for i in row if i not in special])
+        return self._processor.decode(rows)
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The piece each id stands for, as sentencepiece writes it (a word's first piece

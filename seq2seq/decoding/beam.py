@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from common.checks import check_int, check_number
-from seq2seq.decoding.greedy import NextToken, check_arguments
+from seq2seq.decoding.greedy import NextToken, check_arguments, check_no_empty_source
 
 BEAM_SIZE = 4  # section 6.1
 ALPHA = 0.6  # section 6.1
@@ -76,6 +76,7 @@ def beam_search(
     config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache)
     check_int("beam_size", beam_size, low=1)
     check_number("alpha", alpha, low_closed=True)  # a negative alpha would favour short output
+    check_no_empty_source(src, src_mask)
     batch, k, vocab = src.shape[0], beam_size, config.tgt_vocab_size
     next_token_logp = NextToken(model, src, src_mask, use_cache)  # encodes, and checks src
     device = src.device

@@ -92,6 +92,7 @@ def greedy_decode(
     left unchanged.
     """
     config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache, max_len_may_be_none=False)
+    check_no_empty_source(src, src_mask)
     pad_id = config.pad_id
     next_token_logp = NextToken(model, src, src_mask, use_cache)
     batch = src.shape[0]
@@ -106,6 +107,26 @@ def greedy_decode(
         if finished.all():
             break
     return tokens
+
+
+def check_no_empty_source(src: object, src_mask: object) -> None:
+    """Refuse a source row whose mask hides every position (a padding-only row): it has nothing
+    to translate, and the variants' attention over no keys is not defined alike (NaN, or one row
+    of padding ids and -inf scores). A ``ValueError`` naming the row; a mask that does not fit
+    ``src`` is left to ``encode``'s checks."""
+    if not (isinstance(src, Tensor) and src.ndim == 2 and isinstance(src_mask, Tensor)
+            and src_mask.dtype == torch.bool and src_mask.ndim <= 4 and src.shape[0] > 0):
+        return
+    try:
+        keys = torch.broadcast_to(src_mask, (*((1,) * (4 - src_mask.ndim)), *src_mask.shape))
+        keys = torch.broadcast_to(keys, (src.shape[0], keys.shape[1], keys.shape[2], src.shape[1]))
+    except RuntimeError:
+        return
+    empty = (~keys.any(dim=-1)).flatten(1).any(dim=1)  # (B,): some query of the row sees no key
+    if bool(empty.any()):
+        row = int(empty.nonzero()[0, 0])
+        raise ValueError(f"src_mask hides every position of source row {row} (a padding-only "
+                         "source): there is nothing to decode; leave such rows out")
 
 
 def check_arguments(

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from common.cache import batch_first
 from common.checks import ids_range_checked
-from seq2seq.decoding.greedy import check_arguments
+from seq2seq.decoding.greedy import check_arguments, check_no_empty_source
 
 STATIC_METHODS = ("start_static_cache", "static_step")
 
@@ -91,6 +91,7 @@ class StaticGreedy:
         """(B, S) source ids -> (B, L) target ids: BOS, then the argmax at each step, padding
         after a row's EOS; stops when every row has produced EOS, or at ``max_len`` ids."""
         check_arguments(self.next_token_logp.model, src_mask, self.max_len, self.bos_id, self.eos_id, True)
+        check_no_empty_source(src, src_mask)
         self.next_token_logp.start(src, src_mask)
         batch = src.shape[0]
         tokens = torch.full((batch, self.max_len), self.config.pad_id, dtype=torch.long,
