@@ -1,0 +1,267 @@
+"""Bad input to the translation surfaces is refused in one line before any work, nothing is
+overwritten without asking, and the behaviours the headline numbers rest on (multi-reference
+BLEU, translations in input order, user input normalised as the corpus was) hold, each checked
+against an independent computation."""
+
+from __future__ import annotations
+
+import io
+import re
+import unicodedata
+import zipfile
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from common.config import TransformerConfig
+from common.masks import padding_mask
+from seq2seq import train, translate, translation
+from seq2seq.data.batches import EncodedPairs, within
+from seq2seq.data.corpus import CorpusSettings, load_corpus, read_pairs
+from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.data.subwords import VocabularySettings, train_vocabulary
+from seq2seq.decoding.beam import beam_search
+from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.evaluation import corpus_scores
+from seq2seq.training.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+from seq2seq.training.recipe import StepReport
+from seq2seq.translation import TranslationModel, training_sentences
+from tests.seq2seq.test_translation_cli import TINY_MODEL, one_line_error
+from variants import build
+
+SMALL_TASK = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "16", "--batch", "8",
+              "--threads", "1", "--eval-size", "8"]
+
+
+# --- the corpus file --------------------------------------------------------------------------
+
+
+def test_lone_cr_line_ends_split_lines_as_universal_newlines_do(tmp_path):
+    path = tmp_path / "mac.txt"
+    path.write_bytes(b"Go.\tVa !\rHi.\tSalut.\r\nRun!\tCours !\n")
+    assert read_pairs(path) == [("Go.", "Va !"), ("Hi.", "Salut."), ("Run!", "Cours !")]
+
+
+def test_a_nul_byte_and_a_truncated_zip_are_named(tmp_path):
+    path = tmp_path / "nul.txt"
+    path.write_bytes(b"Go.\tVa !\nHi.\tSa\x00lut.\n")
+    with pytest.raises(ValueError, match=r"nul\.txt, line 2: holds a NUL byte \(column 7\)"):
+        read_pairs(path)
+    whole = tmp_path / "whole.zip"
+    with zipfile.ZipFile(whole, "w") as zipped:
+        zipped.writestr("fra.txt", "Go.\tVa !\n" * 200)
+    cut = tmp_path / "cut.zip"
+    cut.write_bytes(whole.read_bytes()[:100])  # a download that stopped early
+    with pytest.raises(ValueError, match=r"cut\.zip: a damaged zip \(truncated"):
+        read_pairs(cut)
+
+
+def test_references_equal_after_normalisation_are_kept_once(tmp_path):
+    lines = ["Thanks!\tMerci\u202f!", "Thanks!\tMerci\u00a0!", "Thanks!\tMerci !", "Thanks!\tMerci bien !"]
+    lines += [f"Go {n}.\tVa {n} !" for n in range(300)]  # enough sentences for three splits
+    path = tmp_path / "fra.txt"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    corpus = load_corpus(CorpusSettings(str(path)))
+    [thanks] = [e for split in (corpus.train, corpus.valid, corpus.test) for e in split if e.source == "Thanks!"]
+    assert thanks.references == ("Merci !", "Merci bien !")
+    nfc = load_corpus(CorpusSettings(str(path), normalization="NFC"))  # NFC keeps U+202F apart
+    [thanks] = [e for split in (nfc.train, nfc.valid, nfc.test) for e in split if e.source == "Thanks!"]
+    assert thanks.references == ("Merci\u202f!", "Merci\u00a0!", "Merci !", "Merci bien !")
+
+
+# --- scores -----------------------------------------------------------------------------------
+
+
+def test_bleu_reads_every_reference_not_only_the_first():
+    """A hypothesis equal to a segment's second or third reference is a perfect match: BLEU 100,
+    whatever the first reference says."""
+    hypotheses = ["the old man walks to the big house", "a small bird sings in the green tree"]
+    references = [["nothing in common here at all friend", "the old man walks to the big house"],
+                  ["words that share nothing", "more unrelated words there", "a small bird sings in the green tree"]]
+    assert corpus_scores(hypotheses, references).bleu == pytest.approx(100.0)
+    only_first = corpus_scores(hypotheses, [refs[:1] for refs in references]).bleu
+    assert only_first < 10.0
+
+
+# --- translating ------------------------------------------------------------------------------
+
+
+class EchoModel(nn.Module):
+    """encode/decode/project whose greedy (and beam) decoding of a source ``p1 .. pn EOS`` is
+    ``BOS p1 .. pn EOS``: the output is the input's pieces, so a translation is the normalised
+    input, computed without the model."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.config = TransformerConfig(d_model=vocab, n_heads=1, n_layers=1, d_ff=4, dropout=0.0,
+                                        src_vocab_size=vocab, tgt_vocab_size=vocab, max_seq_len=64,
+                                        pad_id=PAD_ID)
+        self.unused = nn.Parameter(torch.zeros(1))
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        return nn.functional.one_hot(src, self.vocab).float()  # (B, S, V)
+
+    def decode(self, tgt: Tensor, memory: Tensor, src_mask=None, tgt_mask=None) -> Tensor:
+        steps = min(tgt.shape[1], memory.shape[1])
+        hidden = torch.zeros(tgt.shape[0], tgt.shape[1], self.vocab)
+        hidden[:, :steps] = memory[:, :steps]
+        hidden[:, steps:, EOS_ID] = 1.0
+        return hidden  # after position i, the source's piece i
+
+    def project(self, hidden: Tensor) -> Tensor:
+        return (10.0 * hidden).log_softmax(dim=-1)
+
+
+@pytest.fixture(scope="module")
+def echo(sample_corpus):
+    corpus = load_corpus(CorpusSettings(str(sample_corpus.path)))
+    vocabulary = train_vocabulary(training_sentences(corpus), VocabularySettings(120))
+    return EchoModel(vocabulary.size), vocabulary
+
+
+def normal(text: str) -> str:
+    return re.sub(" +", " ", unicodedata.normalize("NFKC", text)).strip(" ")
+
+
+SENTENCES = ["the cat sees the house.", "Run!", "my father likes a song and the dog hears the sea.",
+             "a bird.", "our teacher follows my brother to the garden.", "Help!"]
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_translations_come_back_in_input_order(echo, beam_size):
+    model, vocabulary = echo
+    out = translation.translate(model, vocabulary, SENTENCES, beam_size=beam_size, batch_size=2)
+    assert out == SENTENCES  # sorted by length inside, returned in the order given
+
+
+def test_user_input_is_normalised_as_the_corpus_was(echo):
+    model, vocabulary = echo
+    sentences = ["  Cours\u202f!", "Au   secours\u00a0!", "mon pe\u0300re voit la mer."]
+    out = translation.translate(model, vocabulary, sentences)
+    assert out == [normal(s) for s in sentences] == ["Cours !", "Au secours !", "mon père voit la mer."]
+
+
+def test_a_blank_sentence_gives_a_blank_line_in_its_place(echo, monkeypatch, capsys):
+    model, vocabulary = echo
+    assert translation.translate(model, vocabulary, ["Run!", "", "  ", "a bird."]) == ["Run!", "", "", "a bird."]
+    monkeypatch.setattr(translate, "load_translation_model",
+                        lambda path, variant: TranslationModel(None, vocabulary, model, "NFKC"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("Run!\n\nthe cat sees the house.\n"))
+    translate.main(["model.pt", "--beam", "1"])
+    assert capsys.readouterr().out == "Run!\n\nthe cat sees the house.\n"
+
+
+def test_sentences_may_follow_the_options():
+    args = translate.parse_args(["model.pt", "--beam", "1", "Stop!", "Wait!"])
+    assert args.beam == 1 and args.sentences == ["Stop!", "Wait!"]
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_a_batch_size_below_one_is_refused(echo, batch_size):
+    model, vocabulary = echo
+    with pytest.raises(ValueError, match=rf"batch_size must be at least 1, got {batch_size}"):
+        translation.translate(model, vocabulary, ["Run!", "Help!"], batch_size=batch_size)
+
+
+def test_validation_loss_of_no_pairs_and_decoding_an_unknown_id_are_refused(echo):
+    model, vocabulary = echo
+    with pytest.raises(ValueError, match="no pairs"):
+        translation.validation_loss(model, EncodedPairs([], []))
+    with pytest.raises(ValueError, match=rf"row 1 holds id {vocabulary.size}, outside .*\[0, {vocabulary.size}\)"):
+        vocabulary.decode([[5, 6], [5, vocabulary.size]])
+    with pytest.raises(ValueError, match=r"row 0 holds id -1"):
+        vocabulary.decode([[-1]])
+
+
+def test_pairs_longer_than_the_model_are_left_out():
+    pairs = EncodedPairs([torch.arange(3), torch.arange(5), torch.arange(4)],
+                         [torch.arange(4), torch.arange(2), torch.arange(6)])
+    kept, dropped = within(pairs, 4)  # pair 1's source and pair 2's target are too long
+    assert dropped == 2 and [len(s) for s in kept.sources] == [3] and [len(t) for t in kept.targets] == [4]
+
+
+# --- decoding a padding-only source ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", ["torch", "explicit"])
+def test_a_padding_only_source_row_is_refused_before_decoding(copy_model, variant):
+    model = copy_model.build(variant)
+    src = copy_model.src[:3].clone()
+    src[1] = PAD_ID  # row 1: nothing but padding
+    mask = padding_mask(src, PAD_ID)
+    with pytest.raises(ValueError, match="every position of source row 1"):
+        greedy_decode(model, src, mask, max_len=6, bos_id=BOS_ID, eos_id=EOS_ID)
+    with pytest.raises(ValueError, match="every position of source row 1"):
+        beam_search(model, src, mask, bos_id=BOS_ID, eos_id=EOS_ID, beam_size=2)
+    kept = greedy_decode(model, src[[0, 2]], mask[[0, 2]], max_len=6, bos_id=BOS_ID, eos_id=EOS_ID)
+    assert kept.shape[0] == 2  # the other rows decode
+
+
+# --- the training command ---------------------------------------------------------------------
+
+
+def test_a_vocabulary_the_corpus_cannot_fill_is_one_line(sample_corpus, capsys):
+    err = one_line_error(capsys, lambda: train.main(
+        ["--task", "translate", "--data", str(sample_corpus.path), "--vocab", "4000", "--steps", "1"]), code=1)
+    assert "cannot train a bpe vocabulary of 4000 pieces" in err and "--vocab" in err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--task", "translate", "--data", "{corpus}", "--max-len", "5"], "--max-len is for the synthetic tasks"),
+    (["--task", "translate", "--data", "{corpus}", "--batch", "5"], "--batch is for the synthetic tasks"),
+    (["--task", "translate", "--data", "{corpus}", "--eval-size", "5"], "--eval-size is for the synthetic"),
+    (["--task", "reverse", "--batch-tokens", "100"], "--batch-tokens is for --task translate"),
+    (["--task", "copy", "--preset", "gpu"], "--preset is for --task translate"),
+    (["--task", "copy", "--minutes", "1"], "--minutes is for --task translate"),
+    (["--keep-checkpoints", "-1"], "--keep-checkpoints must be at least 0"),
+    (["--overwrite"], "need --checkpoint-dir"),
+])
+def test_an_option_the_task_does_not_read_is_refused(sample_corpus, capsys, argv, said):
+    argv = [arg.format(corpus=sample_corpus.path) for arg in argv]
+    err = one_line_error(capsys, lambda: train.parse_args(argv))
+    assert said in err, err
+
+
+def test_a_fresh_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path, capsys):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    earlier = checkpoint_path(directory, 7)
+    earlier.write_bytes(b"another run's checkpoint")
+    for task in (["--task", "translate", "--data", str(earlier)], []):
+        err = one_line_error(capsys, lambda task=task: train.parse_args([*task, "--checkpoint-dir", str(directory)]))
+        assert "holds 1 checkpoints of an earlier run (newest step-00000007.pt)" in err and "--overwrite" in err
+    assert earlier.read_bytes() == b"another run's checkpoint"
+    err = one_line_error(capsys, lambda: train.parse_args(
+        ["--checkpoint-dir", str(directory), "--resume", "--overwrite"]))
+    assert "give one of them" in err
+    train.main(["--steps", "2", *SMALL_TASK, "--checkpoint-dir", str(directory), "--overwrite"])
+    assert [path.name for path in list_checkpoints(directory)] == ["step-00000002.pt"]
+    assert load_checkpoint(checkpoint_path(directory, 2)).step == 2
+
+
+@pytest.mark.parametrize(("keep", "left"), [(2, [5, 6]), (None, [2, 3, 4, 5, 6]), (0, [1, 2, 3, 4, 5, 6])])
+def test_only_the_newest_checkpoints_are_kept(tmp_path, capsys, keep, left):
+    keep_option = [] if keep is None else ["--keep-checkpoints", str(keep)]
+    train.main(["--steps", "6", *SMALL_TASK, "--checkpoint-dir", str(tmp_path), "--save-every", "1", *keep_option])
+    assert [path.name for path in list_checkpoints(tmp_path)] == [checkpoint_path(tmp_path, s).name for s in left]
+
+
+def test_the_bar_shows_training_time_against_the_budget_and_wall_time_apart(capsys):
+    with train.progress_bar(100, minutes=30.0) as show:
+        show(StepReport(step=1, steps=100, loss=2.0, lr=1e-3, tokens=100, seconds=754.0))
+    err = capsys.readouterr().err
+    assert "training 12:34 of 30 min" in err and "wall 00:0" in err, err
+
+
+def test_a_translation_longer_than_the_model_is_left_out_of_training(sample_corpus, tmp_path, capsys):
+    long_french = "la maison " * 150  # 300 words: more pieces than the preset's 256 positions
+    path = tmp_path / "fra.txt"
+    text = sample_corpus.path.read_text(encoding="utf-8")
+    path.write_text(text + "".join(f"The cat sees the house {n}.\t{long_french}\n" for n in range(8)),
+                    encoding="utf-8")
+    train.main(["--task", "translate", "--data", str(path), *TINY_MODEL, "--steps", "1", "--eval-every", "1"])
+    captured = capsys.readouterr()
+    assert re.search(r"^\d+ train or valid pairs longer than max_seq_len 256 left out", captured.err, re.M)
+    assert captured.out.startswith("final loss ")
