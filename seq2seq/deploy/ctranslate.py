@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from common.checks import check_int, check_number
 from common.config import TransformerConfig
 from common.positions import sinusoid_table
 from common.weights import export_weights
@@ -166,7 +167,11 @@ def export_ctranslate2(model: nn.Module, directory: str | Path, *, bos_id: int, 
     if not overwrite and directory.is_dir() and any(directory.iterdir()):
         raise FileExistsError(f"{directory} already holds files; pass overwrite=True to write over them")
     config = check_arguments(model, None, 1, bos_id, eos_id, True)
-    spec = transformer_spec(export_weights(model), config, bos_id=bos_id, eos_id=eos_id)
+    weights = export_weights(model)
+    for name, tensor in weights.items():  # the ONNX exporter refuses them too
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"weight {name} holds NaN or inf: nothing to export")
+    spec = transformer_spec(weights, config, bos_id=bos_id, eos_id=eos_id)
     spec.optimize(quantization="float32")
     directory.mkdir(parents=True, exist_ok=True)
     spec.save(str(directory))
@@ -181,23 +186,28 @@ class CTranslate2Model:
     def __init__(self, directory: str | Path, *, compute_type: str = "float32", threads: int = 1) -> None:
         if compute_type not in COMPUTE_TYPES:
             raise ValueError(f"compute_type must be one of {COMPUTE_TYPES}, got {compute_type!r}")
+        check_int("threads", threads, low=1)
         self.config = load_config(directory)
-        saved = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
-        self.bos_id = int(saved["bos_token"][1:-1])  # "<id>": the start token the export was given
-        self.translator = ctranslate2.Translator(
-            str(directory), device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
-        )
+        try:
+            saved = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
+            self.bos_id = int(saved["bos_token"][1:-1])  # "<id>": the start token the export was given
+            self.translator = ctranslate2.Translator(
+                str(directory), device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
+            )
+        except (OSError, KeyError, ValueError, RuntimeError) as error:  # a damaged or partial export
+            raise ValueError(f"{Path(directory) / 'model.bin'} (with its config.json): not a loadable "
+                             f"CTranslate2 model ({type(error).__name__}: {error})") from None
         self.compute_type = compute_type
         self.directory = Path(directory)
 
     def _source(self, src: Tensor) -> list[list[str]]:
-        check_source_ids(self.config, src)
         rows = src.tolist()
         return [
             [token(i) for i in row[:n]] for row, n in zip(rows, real_lengths(self.config, src), strict=True)
         ]
 
-    def _run(self, src: Tensor, max_len: int, **options) -> list:
+    def _run_checks(self, src: Tensor, max_len: int) -> None:
+        check_source_ids(self.config, src)
         if (
             isinstance(max_len, bool)
             or not isinstance(max_len, int)
@@ -207,6 +217,9 @@ class CTranslate2Model:
                 f"max_len must be an int in [1, max_seq_len={self.config.max_seq_len}] "
                 f"(it counts BOS), got {max_len!r}"
             )
+
+    def _run(self, src: Tensor, max_len: int, **options) -> list:
+        self._run_checks(src, max_len)
         return self.translator.translate_batch(
             self._source(src),
             max_decoding_length=max_len - 1,
@@ -225,14 +238,30 @@ class CTranslate2Model:
             row[1 : 1 + len(hypothesis)] = torch.tensor([int(t[1:-1]) for t in hypothesis], dtype=torch.long)
         return rows
 
+    def _bos_only(self, src: Tensor, max_len: int) -> Tensor | None:
+        """``max_len=1``, checked with the source: the BOS column, as ``greedy_decode`` gives it
+        (CTranslate2 itself cannot decode zero ids); else None."""
+        if max_len != 1:
+            return None
+        self._source(src)
+        return torch.full((src.shape[0], 1), self.bos_id, dtype=torch.long)  # (B, 1)
+
     def greedy(self, src: Tensor, *, max_len: int) -> Tensor:
         """Greedy decoding (beam 1): the (B, L) ids of ``greedy_decode``, L <= max_len."""
+        self._run_checks(src, max_len)
+        if (bos := self._bos_only(src, max_len)) is not None:
+            return bos
         results = self._run(src, max_len, beam_size=1)
         return self._rows([r.hypotheses[0] for r in results])
 
     def beam(self, src: Tensor, *, max_len: int, beam_size: int = 4, alpha: float = 0.6) -> Hypotheses:
         """CTranslate2's beam search: its best hypothesis of each source and its score,
         log P / |Y|^alpha (see the module docstring for how this differs from seq2seq.decoding.beam)."""
+        check_int("beam_size", beam_size, low=1)
+        check_number("alpha", alpha, low_closed=True)  # as seq2seq.decoding.beam refuses it
+        self._run_checks(src, max_len)
+        if (bos := self._bos_only(src, max_len)) is not None:
+            return Hypotheses(bos, torch.zeros(src.shape[0]))
         results = self._run(src, max_len, beam_size=beam_size, length_penalty=alpha, return_scores=True)
         scores = torch.tensor([r.scores[0] for r in results])  # (B,)
         return Hypotheses(self._rows([r.hypotheses[0] for r in results]), scores)

@@ -106,6 +106,11 @@ def export_onnx(model: nn.Module, directory: str | Path, *, exporter: str = "dyn
     the suite's config beside them. The dynamo exporter takes several seconds per graph."""
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
+    if exporter == "dynamo":
+        try:  # torch.onnx's dynamo exporter imports it only when it runs
+            import onnxscript  # noqa: F401
+        except ImportError as error:
+            raise ImportError('the dynamo ONNX exporter needs onnxscript: pip install -e ".[deploy]"') from error
     config = model.config
     fused = build("fused", config)
     import_weights(fused, export_weights(model))
@@ -269,6 +274,7 @@ class OnnxRuntimeModel(nn.Module):
         super().__init__()
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        checks.check_int("threads", threads, low=1)
         self.config = load_config(directory)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
@@ -344,6 +350,7 @@ class OnnxRuntimeModel(nn.Module):
             raise ValueError(
                 f"decode_step at position {cache.length} is past max_seq_len {self.config.max_seq_len}"
             )
+        checks.check_ids("tgt", tgt, self.config.tgt_vocab_size, "tgt_vocab_size", 1, torch.device("cpu"))
         tokens = torch.cat([cache.tokens, tgt.long()], dim=1)  # (B, t + 1)
         tgt_mask = (tokens != self.config.pad_id)[:, None, None, :]  # (B, 1, 1, t + 1), as padding_mask
         feeds = dict(
@@ -359,5 +366,9 @@ class OnnxRuntimeModel(nn.Module):
 
     def project(self, hidden: Tensor) -> Tensor:
         """(B, T, D) hidden states -> (B, T, V) log-probabilities."""
+        if (not isinstance(hidden, Tensor) or hidden.ndim != 3 or hidden.shape[2] != self.config.d_model
+                or hidden.dtype != torch.float32):
+            raise ValueError(f"hidden must be a float32 (B, T, D={self.config.d_model}) tensor, "
+                             f"got {type_and_shape(hidden)}")
         (log_probs,) = self.sessions["generator"].run(None, {"hidden": hidden.contiguous().numpy()})
         return torch.from_numpy(log_probs)

@@ -1,5 +1,6 @@
-"""The deployment engines decode the suite's tokens: CTranslate2 (fast, plain run) and ONNX Runtime
-(exports take seconds each: slow run). Expected tokens come from the suite's own decoders on the
+"""The deployment engines decode the suite's tokens: CTranslate2 and ONNX Runtime through the
+legacy exporter in the plain run (each under a second), ONNX Runtime through the dynamo exporter
+(seconds per graph) in the slow run. Expected tokens come from the suite's own decoders on the
 ``explicit`` variant, which no engine is built from (the ONNX graphs are traced from ``fused``).
 
 The weights are the seeded canonical ones with the EOS logit's bias raised, so that held-out
@@ -133,7 +134,6 @@ def test_ctranslate2_honours_norm_eps(tmp_path):
     torch.testing.assert_close(engine.first_log_probs(src).log_softmax(dim=-1), expected[:, 0])
 
 
-@pytest.mark.slow
 def test_ctranslate2_encoder_output(ct2_case, tmp_path):
     """The encoder stack alone (ctranslate2.Encoder over the same encoder spec): the final norm in
     post-norm, the sinusoid table, the embedding scale and eps."""
@@ -159,7 +159,6 @@ def test_ctranslate2_encoder_output(ct2_case, tmp_path):
     torch.testing.assert_close(torch.from_numpy(np.asarray(output.last_hidden_state)), expected)
 
 
-@pytest.mark.slow
 def test_ctranslate2_beam_without_length_penalty_is_the_suites(ct2_case):
     """alpha = 0: both penalties are 1, so the searches rank alike: same hypotheses and scores."""
     model, engine, src = ct2_case
@@ -171,7 +170,6 @@ def test_ctranslate2_beam_without_length_penalty_is_the_suites(ct2_case):
     torch.testing.assert_close(got.scores, expected.scores.float())
 
 
-@pytest.mark.slow
 def test_ctranslate2_beam_scores_with_its_own_length_penalty(ct2_case):
     """alpha = 0.6: CTranslate2 scores log P / |Y|^alpha, |Y| counting EOS, not GNMT's penalty."""
     model, engine, src = ct2_case
@@ -228,7 +226,6 @@ def test_ctranslate2_still_takes_the_post_norm_final_norm_it_does_not_declare():
         torch.testing.assert_close(torch.from_numpy(saved["layer_norm/gamma"]), canonical[f"{name}.weight"])
 
 
-@pytest.mark.slow
 def test_ctranslate2_int8_decodes(ct2_case):
     _, engine, src = ct2_case
     int8 = ctranslate.CTranslate2Model(engine.directory, compute_type="int8")
@@ -261,7 +258,7 @@ def test_ctranslate2_refuses_bad_settings(ct2_case, tmp_path):
         ctranslate.CTranslate2Model(tmp_path)
 
 
-# --- ONNX Runtime (slow: the dynamo exporter takes seconds per graph) ---
+# --- ONNX Runtime (the dynamo exporter's case is slow: seconds per graph) ---
 
 
 @pytest.fixture(scope="module")
@@ -274,7 +271,7 @@ def onnx_runtime():
 
 @pytest.fixture(
     scope="module",
-    params=[(False, "dynamo"), (True, "torchscript")],
+    params=[pytest.param((False, "dynamo"), marks=pytest.mark.slow), (True, "torchscript")],
     ids=["post-norm-dynamo", "pre-norm-torchscript"],
 )
 def ort_case(request, onnx_runtime, tmp_path_factory):
@@ -286,7 +283,6 @@ def ort_case(request, onnx_runtime, tmp_path_factory):
     return model, onnx_runtime.OnnxRuntimeModel(directory), held_out(config)
 
 
-@pytest.mark.slow
 def test_onnx_runtime_greedy_is_the_suites(ort_case):
     model, engine, src = ort_case
     mask = padding_mask(src, 0)
@@ -294,7 +290,6 @@ def test_onnx_runtime_greedy_is_the_suites(ort_case):
     assert_same_greedy(expected, greedy_decode(engine, src, mask, max_len=MAX_LEN, bos_id=BOS, eos_id=EOS))
 
 
-@pytest.mark.slow
 def test_onnx_runtime_beam_is_the_suites(ort_case):
     """The suite's beam search drives the sessions: same length penalty, same hypotheses."""
     model, engine, src = ort_case
@@ -305,7 +300,6 @@ def test_onnx_runtime_beam_is_the_suites(ort_case):
     torch.testing.assert_close(got.scores, expected.scores)
 
 
-@pytest.mark.slow
 def test_onnx_runtime_encoder_output_and_first_step(ort_case):
     model, engine, src = ort_case
     mask = padding_mask(src, 0)
@@ -320,7 +314,6 @@ def test_onnx_runtime_encoder_output_and_first_step(ort_case):
     )
 
 
-@pytest.mark.slow
 def test_onnx_runtime_with_k_and_v_swapped_fails_the_proof(onnx_runtime, tmp_path):
     config = small_config(norm_first=False)
     model = suite_model(config, weights(config))
@@ -335,7 +328,6 @@ def test_onnx_runtime_with_k_and_v_swapped_fails_the_proof(onnx_runtime, tmp_pat
         )
 
 
-@pytest.mark.slow
 def test_onnx_runtime_int8_and_bad_input(onnx_runtime, ort_case):
     _, engine, src = ort_case
     directory = engine.directory
