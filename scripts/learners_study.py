@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from common.checks import check_int
 from common.config import TransformerConfig
-from seq2seq.data.batches import EncodedPairs, TokenBatches, TranslationData, encode_pairs
+from seq2seq.data.batches import EncodedPairs, TokenBatches, TranslationData, encode_pairs, within
 from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus
 from seq2seq.data.ids import PAD_ID
 from seq2seq.data.subwords import Vocabulary, train_vocabulary
@@ -103,16 +103,23 @@ class LearnerData:
 
 
 def prepare(settings: LearnersSettings) -> LearnerData:
-    """Load the corpus, train its vocabulary, encode the splits: one vocabulary for every row."""
+    """Load the corpus, train its vocabulary, encode the splits: one vocabulary for every row.
+    Pairs longer than the model's ``max_seq_len`` are left out of training and validation, as
+    ``python -m seq2seq.train --task translate`` leaves them; a ``batch_tokens`` that cannot hold
+    the longest pair left is a ``ValueError`` here, before any row trains."""
     translation = settings.translation
     corpus = load_corpus(settings.corpus)
     vocabulary = train_vocabulary(training_sentences(corpus), translation.vocabulary_settings())
     stream = TranslationData(settings.corpus, translation.vocabulary_settings(), translation.batch_tokens,
                              translation.pool_size, settings.seed)
-    return LearnerData(corpus, vocabulary, encode_pairs(vocabulary, corpus.pairs("train")),
-                       encode_pairs(vocabulary, corpus.pairs("valid")),
-                       corpus.test[:settings.test_sentences], translation.config(),
-                       stream)
+    train, _ = within(encode_pairs(vocabulary, corpus.pairs("train")), translation.max_seq_len)
+    valid, _ = within(encode_pairs(vocabulary, corpus.pairs("valid")), translation.max_seq_len)
+    TokenBatches(train, stream)  # checks that batch_tokens holds every pair
+    test = corpus.test[:settings.test_sentences]
+    if (longest := max(len(ids) + 1 for ids in vocabulary.encode([e.source for e in test]))) > translation.max_seq_len:
+        raise ValueError(f"a test sentence is {longest} pieces long with EOS, more than max_seq_len "
+                         f"{translation.max_seq_len}: a smaller --max-words")
+    return LearnerData(corpus, vocabulary, train, valid, test, translation.config(), stream)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from common.cli import Parser, config_or_exit, one_line, positive
+from common.cli import Parser, config_or_exit, directory_problem, one_line, positive
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 from common.positions import sinusoid_table
@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, TransformerC
     args = parser.parse_args(argv)
     if (args.translation is None) != (args.sentences is None):
         parser.error("--translation MODEL and --sentences TEXT ... go together")
+    if problem := directory_problem(args.out):  # before any work, not after it
+        parser.error(f"--out {problem}")
     if args.translation is not None:
         return args, None
     args.layer = 0 if args.layer is None else args.layer

@@ -1,0 +1,69 @@
+"""The scripts refuse settings they cannot run before any work (one line, exit 2, or exit 1 with
+the reason), and the learners table compares every row with the first row, not the one before."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+import scripts.learners_study as learners_study
+from scripts import decode_scan, learners, pictures, static_decode
+from scripts.learners_study import Learning, markdown_report, prepare, run_learners
+from seq2seq.data.corpus import Example
+from tests.scripts.test_learners_study import TINY, settings_for
+
+SMALL = ["--vocab", "120", "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32"]
+
+
+def test_learners_with_batches_too_small_for_a_pair_stop_before_training(sample_corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(learners_study, "train_learner", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(ValueError, match="batch_tokens 10 cannot hold the longest pair"):
+        prepare(settings_for(sample_corpus, translation=TINY.replace(batch_tokens=10)))
+    with pytest.raises(SystemExit) as stop:
+        learners.main(["--data", str(sample_corpus.path), "--out", str(tmp_path), *SMALL, "--batch-tokens", "10"])
+    assert "error: batch_tokens 10 cannot hold the longest pair" in str(stop.value.code)
+    assert "\n" not in str(stop.value.code)
+
+
+def test_the_learners_table_compares_every_row_with_the_first(sample_corpus, monkeypatch):
+    """Three rows: the third matches the first on 3 of 4 sentences and the second on 1 of 4; its
+    column says 75.0%, what it shares with the first row."""
+    said = {"explicit": ("a b", "c d", "e f", "g h"),
+            "fused": ("a b", "x", "y", "g h"),
+            "torch": ("a b", "c d", "e f", "z")}
+    monkeypatch.setattr(learners_study, "train_learner",
+                        lambda variant, *a, **k: (variant, Learning(variant, (1.0,), (1.0,), 10)))
+    monkeypatch.setattr(learners_study, "translate", lambda model, *a, **k: list(said[model]))
+    monkeypatch.setattr(learners_study, "validation_loss", lambda *a, **k: 0.0)
+    test = tuple(Example(f"s{i}", (text,)) for i, text in enumerate(said["explicit"]))
+    settings = settings_for(sample_corpus, variants=("explicit", "fused", "torch"))
+    result = run_learners(settings, SimpleNamespace(test=test, vocabulary=None, valid=None))
+    assert [row.identical for row in result.rows] == [{1: 1.0, 4: 1.0}, {1: 0.5, 4: 0.5}, {1: 0.75, 4: 0.75}]
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+             for line in markdown_report(result).splitlines() if line.startswith("| ") and "variant" not in line}
+    assert cells["torch"][-2:] == ["75.0%", "75.0%"] and cells["fused"][-2:] == ["50.0%", "50.0%"]
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_pictures_refuse_an_out_they_cannot_write_before_any_work(tmp_path, capsys, monkeypatch, where):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" if where == "file" else tmp_path / "file" / "pictures"
+    monkeypatch.setattr(pictures, "translation_pictures", lambda args: pytest.fail("worked first"))
+    with pytest.raises(SystemExit) as stop:
+        pictures.main(["--translation", str(tmp_path / "model.pt"), "--sentences", "Hi.", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--out" in err and "is a file, not a directory" in err, err
+
+
+def test_a_source_longer_than_the_preset_reads_is_refused_first(capsys, monkeypatch):
+    monkeypatch.setattr(decode_scan, "settle_threads", lambda *a: pytest.fail("measured first"))
+    with pytest.raises(SystemExit) as stop:
+        decode_scan.main(["--preset", "tiny", "--src-len", "129", "--max-len", "3"])
+    assert stop.value.code == 2
+    assert "--src-len must be at most the preset's max_seq_len=128, got 129" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        static_decode.parse(["--device", "cpu", "--preset", "tiny", "--src-len", "129", "--max-len", "3"])
+    assert stop.value.code == 2
+    assert "--src-len must be at most the preset's max_seq_len=128, got 129" in capsys.readouterr().err
