@@ -347,3 +347,29 @@ def test_compare_sets_the_wait_policy_before_anything_imports_torch():
         raise AssertionError("compare.py never sets the wait policy")
     probe = f"import sys, {', '.join(early)}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", probe], cwd=ROOT).returncode == 0, early
+
+
+@pytest.mark.parametrize("policy", benchmarks.machine.WAIT_POLICIES)
+def test_the_wait_policy_check_reads_the_environment_in_any_case(policy):
+    """OpenMP reads OMP_WAIT_POLICY without regard to case: every spelling of the option's
+    policy passes the check, the other policy or none at all does not."""
+    other = next(p for p in benchmarks.machine.WAIT_POLICIES if p != policy)
+    for spelling in (policy, policy.upper(), policy.capitalize()):
+        assert benchmarks.machine.wait_policy_problem(policy, {"OMP_WAIT_POLICY": spelling}) is None, spelling
+    for environ in ({"OMP_WAIT_POLICY": other.upper()}, {"OMP_WAIT_POLICY": other}, {}):
+        problem = benchmarks.machine.wait_policy_problem(policy, environ)
+        assert problem is not None and problem.startswith(f"--omp-wait-policy {policy}: torch was loaded"), environ
+    assert benchmarks.machine.wait_policy_problem(None, {"OMP_WAIT_POLICY": other}) is None  # nothing asked, nothing to check
+
+
+@pytest.mark.parametrize("policy", benchmarks.machine.WAIT_POLICIES)
+def test_what_the_early_reader_sets_is_what_the_check_accepts(policy, monkeypatch):
+    """Each spelling of the option the early reader takes (two words or one, any case) becomes
+    the upper-case variable OpenMP reads, which the later check then accepts."""
+    monkeypatch.setattr(benchmarks.machine, "DEFAULT_WAIT_POLICY", None)
+    for argv in (["--omp-wait-policy", policy], [f"--omp-wait-policy={policy}"],
+                 ["--omp-wait-policy", policy.upper()], ["--quiet", f"--omp-wait-policy={policy.capitalize()}"]):
+        environ = {"OMP_WAIT_POLICY": "SOMETHING"}
+        added = wait_policy_environment(argv, environ)
+        assert added == {"OMP_WAIT_POLICY": policy.upper()}, argv
+        assert benchmarks.machine.wait_policy_problem(policy, {**environ, **added}) is None, argv
