@@ -87,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ops and not 2 <= args.max_len <= config.max_seq_len:
         parser.error(f"--max-len must lie in [2, max_seq_len={config.max_seq_len}]")
     if args.src_len > config.max_seq_len:
-        parser.error(f"--src-len must be at most the preset's max_seq_len={config.max_seq_len}, got {args.src_len}")
+        parser.error(f"--src-len must be at most the preset's max_seq_len={config.max_seq_len}, "
+                     f"got {args.src_len}")
     if args.static and args.variant != "fused":
         parser.error(f"--static needs --variant fused (the one row with a static step), got {args.variant}")
     choice = None if args.ops else settle_threads(args.threads, DEFAULT_THREADS)  # --ops times nothing

@@ -116,7 +116,8 @@ def prepare(settings: LearnersSettings) -> LearnerData:
     valid, _ = within(encode_pairs(vocabulary, corpus.pairs("valid")), translation.max_seq_len)
     TokenBatches(train, stream)  # checks that batch_tokens holds every pair
     test = corpus.test[:settings.test_sentences]
-    if (longest := max(len(ids) + 1 for ids in vocabulary.encode([e.source for e in test]))) > translation.max_seq_len:
+    longest = max(len(ids) + 1 for ids in vocabulary.encode([e.source for e in test]))
+    if longest > translation.max_seq_len:
         raise ValueError(f"a test sentence is {longest} pieces long with EOS, more than max_seq_len "
                          f"{translation.max_seq_len}: a smaller --max-words")
     return LearnerData(corpus, vocabulary, train, valid, test, translation.config(), stream)

@@ -90,7 +90,8 @@ def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
     if not 2 <= args.max_len <= config.max_seq_len:
         parser.error(f"--max-len must lie in [2, max_seq_len={config.max_seq_len}]")
     if args.src_len > config.max_seq_len:
-        parser.error(f"--src-len must be at most the preset's max_seq_len={config.max_seq_len}, got {args.src_len}")
+        parser.error(f"--src-len must be at most the preset's max_seq_len={config.max_seq_len}, "
+                     f"got {args.src_len}")
     return StaticDecodeSettings(device_or_exit(parser, args.device), DTYPES[args.dtype], args.preset,
                                 args.batch, args.src_len, args.max_len, tuple(args.modes), args.min_run_time)
 

@@ -168,7 +168,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                       "share one vocabulary"))
     parser.add_argument("--bf16", action="store_true",
                         help="forward pass under bfloat16 autocast (CPU or CUDA); off by default")
-    parser.add_argument("--eval-size", type=positive(int), default=None, help="held-out sequences (default 1000)")
+    parser.add_argument("--eval-size", type=positive(int), default=None,
+                        help="held-out sequences (default 1000)")
     parser.add_argument("--device", default="cpu",
                         help="e.g. cpu, cuda, cuda:1 (under torchrun, cuda is each process's own GPU)")
     parser.add_argument("--threads", type=positive(int), default=None,
@@ -221,11 +222,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--resume continues the checkpoints that --overwrite deletes: give one of them")
     if args.keep_checkpoints < 0:
         parser.error(f"--keep-checkpoints must be at least 0 (0 keeps all), got {args.keep_checkpoints}")
-    if args.checkpoint_dir is not None and not args.resume and (found := list_checkpoints(args.checkpoint_dir)):
-        if not args.overwrite:
-            parser.error(f"--checkpoint-dir {args.checkpoint_dir} holds {len(found)} checkpoints of an "
-                         f"earlier run (newest {found[-1].name}): --resume continues it, --overwrite "
-                         "deletes them and starts afresh")
+    found = [] if args.checkpoint_dir is None or args.resume else list_checkpoints(args.checkpoint_dir)
+    if found and not args.overwrite:
+        parser.error(f"--checkpoint-dir {args.checkpoint_dir} holds {len(found)} checkpoints of an "
+                     f"earlier run (newest {found[-1].name}): --resume continues it, --overwrite "
+                     "deletes them and starts afresh")
     if args.task == TRANSLATE:
         _translation_args(parser, args)
     else:
@@ -407,7 +408,8 @@ def _translate(args: argparse.Namespace, world: World, device: torch.device) -> 
         try:  # e.g. a vocabulary larger than a small corpus can fill
             vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
         except ValueError as error:
-            sys.exit(f"python -m seq2seq.train: error: {one_line(error)}; a smaller --vocab, or a larger corpus")
+            sys.exit(f"python -m seq2seq.train: error: {one_line(error)}; a smaller --vocab, "
+                     "or a larger corpus")
     data = TranslationData(args.corpus, settings.vocabulary_settings(), settings.batch_tokens,
                            settings.pool_size, args.seed)
     max_len = settings.max_seq_len

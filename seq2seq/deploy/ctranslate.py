@@ -192,7 +192,8 @@ class CTranslate2Model:
             saved = json.loads((Path(directory) / "config.json").read_text(encoding="utf-8"))
             self.bos_id = int(saved["bos_token"][1:-1])  # "<id>": the start token the export was given
             self.translator = ctranslate2.Translator(
-                str(directory), device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
+                str(directory), device="cpu", compute_type=compute_type, intra_threads=threads,
+                inter_threads=1,
             )
         except (OSError, KeyError, ValueError, RuntimeError) as error:  # a damaged or partial export
             raise ValueError(f"{Path(directory) / 'model.bin'} (with its config.json): not a loadable "

@@ -110,7 +110,9 @@ def export_onnx(model: nn.Module, directory: str | Path, *, exporter: str = "dyn
         try:  # torch.onnx's dynamo exporter imports it only when it runs
             import onnxscript  # noqa: F401
         except ImportError as error:
-            raise ImportError('the dynamo ONNX exporter needs onnxscript: pip install -e ".[deploy]"') from error
+            raise ImportError(
+                'the dynamo ONNX exporter needs onnxscript: pip install -e ".[deploy]"'
+            ) from error
     config = model.config
     fused = build("fused", config)
     import_weights(fused, export_weights(model))

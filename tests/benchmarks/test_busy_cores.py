@@ -358,8 +358,10 @@ def test_the_wait_policy_check_reads_the_environment_in_any_case(policy):
         assert benchmarks.machine.wait_policy_problem(policy, {"OMP_WAIT_POLICY": spelling}) is None, spelling
     for environ in ({"OMP_WAIT_POLICY": other.upper()}, {"OMP_WAIT_POLICY": other}, {}):
         problem = benchmarks.machine.wait_policy_problem(policy, environ)
-        assert problem is not None and problem.startswith(f"--omp-wait-policy {policy}: torch was loaded"), environ
-    assert benchmarks.machine.wait_policy_problem(None, {"OMP_WAIT_POLICY": other}) is None  # nothing asked, nothing to check
+        said = f"--omp-wait-policy {policy}: torch was loaded"
+        assert problem is not None and problem.startswith(said), environ
+    # nothing asked, nothing to check
+    assert benchmarks.machine.wait_policy_problem(None, {"OMP_WAIT_POLICY": other}) is None
 
 
 @pytest.mark.parametrize("policy", benchmarks.machine.WAIT_POLICIES)
@@ -368,7 +370,8 @@ def test_what_the_early_reader_sets_is_what_the_check_accepts(policy, monkeypatc
     the upper-case variable OpenMP reads, which the later check then accepts."""
     monkeypatch.setattr(benchmarks.machine, "DEFAULT_WAIT_POLICY", None)
     for argv in (["--omp-wait-policy", policy], [f"--omp-wait-policy={policy}"],
-                 ["--omp-wait-policy", policy.upper()], ["--quiet", f"--omp-wait-policy={policy.capitalize()}"]):
+                 ["--omp-wait-policy", policy.upper()],
+                 ["--quiet", f"--omp-wait-policy={policy.capitalize()}"]):
         environ = {"OMP_WAIT_POLICY": "SOMETHING"}
         added = wait_policy_environment(argv, environ)
         assert added == {"OMP_WAIT_POLICY": policy.upper()}, argv

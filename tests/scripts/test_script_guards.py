@@ -16,12 +16,14 @@ from tests.scripts.test_learners_study import TINY, settings_for
 SMALL = ["--vocab", "120", "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32"]
 
 
-def test_learners_with_batches_too_small_for_a_pair_stop_before_training(sample_corpus, tmp_path, monkeypatch):
+def test_learners_with_batches_too_small_for_a_pair_stop_before_training(sample_corpus, tmp_path,
+                                                                        monkeypatch):
     monkeypatch.setattr(learners_study, "train_learner", lambda *a, **k: pytest.fail("trained"))
     with pytest.raises(ValueError, match="batch_tokens 10 cannot hold the longest pair"):
         prepare(settings_for(sample_corpus, translation=TINY.replace(batch_tokens=10)))
     with pytest.raises(SystemExit) as stop:
-        learners.main(["--data", str(sample_corpus.path), "--out", str(tmp_path), *SMALL, "--batch-tokens", "10"])
+        learners.main(["--data", str(sample_corpus.path), "--out", str(tmp_path), *SMALL,
+                       "--batch-tokens", "10"])
     assert "error: batch_tokens 10 cannot hold the longest pair" in str(stop.value.code)
     assert "\n" not in str(stop.value.code)
 
@@ -41,7 +43,8 @@ def test_the_learners_table_compares_every_row_with_the_first(sample_corpus, mon
     result = run_learners(settings, SimpleNamespace(test=test, vocabulary=None, valid=None))
     assert [row.identical for row in result.rows] == [{1: 1.0, 4: 1.0}, {1: 0.5, 4: 0.5}, {1: 0.75, 4: 0.75}]
     cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
-             for line in markdown_report(result).splitlines() if line.startswith("| ") and "variant" not in line}
+             for line in markdown_report(result).splitlines()
+             if line.startswith("| ") and "variant" not in line}
     assert cells["torch"][-2:] == ["75.0%", "75.0%"] and cells["fused"][-2:] == ["50.0%", "50.0%"]
 
 

@@ -40,7 +40,8 @@ def ort(model, tmp_path_factory):
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
-    (lambda e, src: e.beam(src, max_len=MAX_LEN, beam_size=0), ValueError, "beam_size must be at least 1, got 0"),
+    (lambda e, src: e.beam(src, max_len=MAX_LEN, beam_size=0), ValueError,
+     "beam_size must be at least 1, got 0"),
     (lambda e, src: e.beam(src, max_len=MAX_LEN, beam_size=2.0), TypeError, "beam_size must be an int"),
     (lambda e, src: e.beam(src, max_len=MAX_LEN, alpha=math.nan), ValueError, "alpha"),
     (lambda e, src: e.beam(src, max_len=MAX_LEN, alpha=-0.5), ValueError, "alpha"),

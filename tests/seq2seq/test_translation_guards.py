@@ -16,7 +16,8 @@ from torch import Tensor, nn
 
 from common.config import TransformerConfig
 from common.masks import padding_mask
-from seq2seq import train, translate, translation
+from common.weights import export_weights
+from seq2seq import average, train, translate, translation
 from seq2seq.data.batches import EncodedPairs, within
 from seq2seq.data.corpus import CorpusSettings, load_corpus, read_pairs
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
@@ -24,7 +25,15 @@ from seq2seq.data.subwords import VocabularySettings, train_vocabulary
 from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import corpus_scores
-from seq2seq.training.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+from seq2seq.training.averaging import average_files
+from seq2seq.training.checkpoint import (
+    ModelFile,
+    checkpoint_path,
+    list_checkpoints,
+    load,
+    load_checkpoint,
+    save,
+)
 from seq2seq.training.recipe import StepReport
 from seq2seq.translation import TranslationModel, training_sentences
 from tests.seq2seq.test_translation_cli import TINY_MODEL, one_line_error
@@ -63,10 +72,12 @@ def test_references_equal_after_normalisation_are_kept_once(tmp_path):
     path = tmp_path / "fra.txt"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     corpus = load_corpus(CorpusSettings(str(path)))
-    [thanks] = [e for split in (corpus.train, corpus.valid, corpus.test) for e in split if e.source == "Thanks!"]
+    [thanks] = [e for split in (corpus.train, corpus.valid, corpus.test) for e in split
+                if e.source == "Thanks!"]
     assert thanks.references == ("Merci !", "Merci bien !")
     nfc = load_corpus(CorpusSettings(str(path), normalization="NFC"))  # NFC keeps U+202F apart
-    [thanks] = [e for split in (nfc.train, nfc.valid, nfc.test) for e in split if e.source == "Thanks!"]
+    [thanks] = [e for split in (nfc.train, nfc.valid, nfc.test) for e in split
+                if e.source == "Thanks!"]
     assert thanks.references == ("Merci\u202f!", "Merci\u00a0!", "Merci !", "Merci bien !")
 
 
@@ -78,7 +89,8 @@ def test_bleu_reads_every_reference_not_only_the_first():
     whatever the first reference says."""
     hypotheses = ["the old man walks to the big house", "a small bird sings in the green tree"]
     references = [["nothing in common here at all friend", "the old man walks to the big house"],
-                  ["words that share nothing", "more unrelated words there", "a small bird sings in the green tree"]]
+                  ["words that share nothing", "more unrelated words there",
+                   "a small bird sings in the green tree"]]
     assert corpus_scores(hypotheses, references).bleu == pytest.approx(100.0)
     only_first = corpus_scores(hypotheses, [refs[:1] for refs in references]).bleu
     assert only_first < 10.0
@@ -145,7 +157,8 @@ def test_user_input_is_normalised_as_the_corpus_was(echo):
 
 def test_a_blank_sentence_gives_a_blank_line_in_its_place(echo, monkeypatch, capsys):
     model, vocabulary = echo
-    assert translation.translate(model, vocabulary, ["Run!", "", "  ", "a bird."]) == ["Run!", "", "", "a bird."]
+    out = translation.translate(model, vocabulary, ["Run!", "", "  ", "a bird."])
+    assert out == ["Run!", "", "", "a bird."]
     monkeypatch.setattr(translate, "load_translation_model",
                         lambda path, variant: TranslationModel(None, vocabulary, model, "NFKC"))
     monkeypatch.setattr("sys.stdin", io.StringIO("Run!\n\nthe cat sees the house.\n"))
@@ -169,7 +182,8 @@ def test_validation_loss_of_no_pairs_and_decoding_an_unknown_id_are_refused(echo
     model, vocabulary = echo
     with pytest.raises(ValueError, match="no pairs"):
         translation.validation_loss(model, EncodedPairs([], []))
-    with pytest.raises(ValueError, match=rf"row 1 holds id {vocabulary.size}, outside .*\[0, {vocabulary.size}\)"):
+    size = vocabulary.size
+    with pytest.raises(ValueError, match=rf"row 1 holds id {size}, outside .*\[0, {size}\)"):
         vocabulary.decode([[5, 6], [5, vocabulary.size]])
     with pytest.raises(ValueError, match=r"row 0 holds id -1"):
         vocabulary.decode([[-1]])
@@ -204,7 +218,8 @@ def test_a_padding_only_source_row_is_refused_before_decoding(copy_model, varian
 
 def test_a_vocabulary_the_corpus_cannot_fill_is_one_line(sample_corpus, capsys):
     err = one_line_error(capsys, lambda: train.main(
-        ["--task", "translate", "--data", str(sample_corpus.path), "--vocab", "4000", "--steps", "1"]), code=1)
+        ["--task", "translate", "--data", str(sample_corpus.path), "--vocab", "4000", "--steps", "1"]),
+        code=1)
     assert "cannot train a bpe vocabulary of 4000 pieces" in err and "--vocab" in err
 
 
@@ -230,8 +245,10 @@ def test_a_fresh_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path, c
     earlier = checkpoint_path(directory, 7)
     earlier.write_bytes(b"another run's checkpoint")
     for task in (["--task", "translate", "--data", str(earlier)], []):
-        err = one_line_error(capsys, lambda task=task: train.parse_args([*task, "--checkpoint-dir", str(directory)]))
-        assert "holds 1 checkpoints of an earlier run (newest step-00000007.pt)" in err and "--overwrite" in err
+        argv = [*task, "--checkpoint-dir", str(directory)]
+        err = one_line_error(capsys, lambda argv=argv: train.parse_args(argv))
+        assert "holds 1 checkpoints of an earlier run (newest step-00000007.pt)" in err
+        assert "--overwrite" in err
     assert earlier.read_bytes() == b"another run's checkpoint"
     err = one_line_error(capsys, lambda: train.parse_args(
         ["--checkpoint-dir", str(directory), "--resume", "--overwrite"]))
@@ -244,8 +261,9 @@ def test_a_fresh_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path, c
 @pytest.mark.parametrize(("keep", "left"), [(2, [5, 6]), (None, [2, 3, 4, 5, 6]), (0, [1, 2, 3, 4, 5, 6])])
 def test_only_the_newest_checkpoints_are_kept(tmp_path, capsys, keep, left):
     keep_option = [] if keep is None else ["--keep-checkpoints", str(keep)]
-    train.main(["--steps", "6", *SMALL_TASK, "--checkpoint-dir", str(tmp_path), "--save-every", "1", *keep_option])
-    assert [path.name for path in list_checkpoints(tmp_path)] == [checkpoint_path(tmp_path, s).name for s in left]
+    train.main(["--steps", "6", *SMALL_TASK, "--checkpoint-dir", str(tmp_path), "--save-every", "1",
+                *keep_option])
+    assert list_checkpoints(tmp_path) == [checkpoint_path(tmp_path, step) for step in left]
 
 
 def test_the_bar_shows_training_time_against_the_budget_and_wall_time_apart(capsys):
@@ -265,3 +283,42 @@ def test_a_translation_longer_than_the_model_is_left_out_of_training(sample_corp
     captured = capsys.readouterr()
     assert re.search(r"^\d+ train or valid pairs longer than max_seq_len 256 left out", captured.err, re.M)
     assert captured.out.startswith("final loss ")
+
+
+# --- averaging ----------------------------------------------------------------------------------
+
+
+def test_averaging_refuses_models_of_different_vocabularies(echo, sample_corpus, tmp_path, capsys):
+    _, bpe = echo
+    corpus = load_corpus(CorpusSettings(str(sample_corpus.path)))
+    other_vocabulary = train_vocabulary([*training_sentences(corpus), *["zebra quokka xylophone"] * 50],
+                               VocabularySettings(120))  # another corpus: other pieces, the same size
+    assert other_vocabulary.size == bpe.size and other_vocabulary.model_proto != bpe.model_proto
+    config = TransformerConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8, src_vocab_size=120,
+                               tgt_vocab_size=120, max_seq_len=16)
+
+    def model_file(name, vocabulary, seed):
+        weights = export_weights(build("explicit", config, seed=seed))
+        stored = None if vocabulary is None else vocabulary.to_tensor()
+        return save(ModelFile("explicit", config, {}, weights, vocabulary=stored), tmp_path / name)
+
+    first, second = model_file("a.pt", bpe, 0), model_file("b.pt", bpe, 1)
+    other, plain = model_file("c.pt", other_vocabulary, 2), model_file("d.pt", None, 3)
+    for paths in ([first, other], [other, second], [plain, first], [first, plain]):
+        with pytest.raises(ValueError, match="has another subword vocabulary than"):
+            average_files(paths)
+    same = average_files([first, second])
+    assert torch.equal(same.vocabulary, bpe.to_tensor())
+    name = "generator.weight"
+    expected = (load(first).weights[name].double() + load(second).weights[name].double()) / 2
+    torch.testing.assert_close(same.weights[name], expected.float(), rtol=0, atol=1e-7)
+    directory = tmp_path / "run"
+    directory.mkdir()
+    for step, path in ((1, first), (2, other)):
+        checkpoint_path(directory, step).write_bytes(path.read_bytes())
+    with pytest.raises(SystemExit) as stop:
+        average.main(["--checkpoint-dir", str(directory), "--last", "2",
+                      "--output", str(tmp_path / "avg.pt")])
+    said = stop.value.code if isinstance(stop.value.code, str) else capsys.readouterr().err
+    assert "another subword vocabulary" in said and "\n" not in said.strip()
+    assert not (tmp_path / "avg.pt").exists()
