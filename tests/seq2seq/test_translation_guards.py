@@ -111,8 +111,10 @@ class EchoModel(nn.Module):
                                         src_vocab_size=vocab, tgt_vocab_size=vocab, max_seq_len=64,
                                         pad_id=PAD_ID)
         self.unused = nn.Parameter(torch.zeros(1))
+        self.encoded_rows = 0  # sources the model was asked to encode
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        self.encoded_rows += src.shape[0]
         return nn.functional.one_hot(src, self.vocab).float()  # (B, S, V)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_mask=None, tgt_mask=None) -> Tensor:
@@ -157,8 +159,10 @@ def test_user_input_is_normalised_as_the_corpus_was(echo):
 
 def test_a_blank_sentence_gives_a_blank_line_in_its_place(echo, monkeypatch, capsys):
     model, vocabulary = echo
+    before = model.encoded_rows
     out = translation.translate(model, vocabulary, ["Run!", "", "  ", "a bird."])
     assert out == ["Run!", "", "", "a bird."]
+    assert model.encoded_rows - before == 2  # the blank ones never reach the model
     monkeypatch.setattr(translate, "load_translation_model",
                         lambda path, variant: TranslationModel(None, vocabulary, model, "NFKC"))
     monkeypatch.setattr("sys.stdin", io.StringIO("Run!\n\nthe cat sees the house.\n"))
