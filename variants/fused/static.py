@@ -7,7 +7,8 @@ CUDA graph, beside ``start_cache``/``decode_step`` (the speed row's, no other va
 ``static_step`` at position t, after the steps at 0..t-1 on the same cache, equals
 ``decode_step`` there: it writes the new keys and values into preallocated (B, max_len, D)
 buffers at ``position`` (a 0-d tensor, not a Python int, stored as one in the cache) and attends
-over every slot under a mask of fixed shape that opens the written, non-padding ones. Nothing
+over every slot under a mask of fixed shape that opens the written, non-padding ones up to the
+position (so a step run again at an earlier position sees only the slots before it). Nothing
 changes shape between steps and nothing is read on the host inside a compiled step (its checks
 read the values of ids and position only in eager mode, outside ``ids_range_checked``).
 ``start_static_cache(..., out=cache)`` refills a cache of the same shape in place, so a compiled
@@ -56,6 +57,7 @@ class StaticCache:
     layers: list[StaticLayerCache]  # per decoder layer; their ``position`` is ``position`` below
     position: Tensor  # () int64: the position the last step wrote
     key_mask: Tensor  # (B, max_len) bool: True at a written position whose id is not padding
+    slots: Tensor  # (max_len,) int64: 0 .. max_len - 1, to open the slots up to the position
     src_mask: Tensor  # (B, 1, 1, S) bool: the source keys each row may attend (all, for None)
 
     @property
@@ -72,7 +74,7 @@ class StaticCache:
 
     def buffers(self) -> list[Tensor]:
         """Every tensor a step reads or writes: what a CUDA graph must find at the same address."""
-        return [self.position, self.key_mask, self.src_mask,
+        return [self.position, self.key_mask, self.slots, self.src_mask,
                 *(tensor for layer in self.layers for tensor in layer.tensors())]
 
 
@@ -124,7 +126,8 @@ class StaticDecoding:
                              position)
             for layer in layers]
         return StaticCache(weakref.ref(self), static_layers, position,
-                           torch.zeros(batch, max_len, dtype=torch.bool, device=device), src_mask.clone())
+                           torch.zeros(batch, max_len, dtype=torch.bool, device=device),
+                           torch.arange(max_len, device=device), src_mask.clone())
 
     def _check_static_cache(self, name: str, cache: object) -> None:
         """``cache`` is a ``StaticCache`` this model started, on its device, in its dtype."""
@@ -148,8 +151,10 @@ class StaticDecoding:
         checks.check_static_step(self, tgt, position, cache.batch_size, cache.max_len)
         cache.position.copy_(position)
         slot = cache.position.view(1)  # (1,)
-        # the slots written so far (steps run in order from 0, as decode_step's do) and not padding
+        # the slots written up to this position and not padding: a step run again at an earlier
+        # position must not see the later slots a previous pass wrote
         cache.key_mask.index_copy_(1, slot, tgt != self.config.pad_id)  # (B, max_len)
-        tgt_mask = cache.key_mask[:, None, None, :]  # (B, 1, 1, max_len)
+        visible = cache.key_mask & (cache.slots <= cache.position)  # (B, max_len)
+        tgt_mask = visible[:, None, None, :]  # (B, 1, 1, max_len)
         x = self._embed_at(self.tgt_embed, tgt, self.pe.index_select(0, slot))  # (B, 1, D)
         return self.decoder.step(x, cache.layers, cache.src_mask, tgt_mask)  # (B, 1, D)

@@ -268,6 +268,26 @@ def test_the_static_cache_writes_each_step_at_its_one_0d_position():
         assert not layer.self_keys[:, 2:].any()  # the slots not yet written stay zero
 
 
+def test_a_static_step_run_again_at_an_earlier_position_sees_no_later_slot():
+    """Four steps, then step 1 again with other ids: its output is the full decoder's at
+    position 1 of the new prefix, as if slots 2 and 3 had never been written."""
+    config = small_config()
+    model = build("fused", config, seed=0).double().eval()
+    generator = torch.Generator().manual_seed(1)
+    memory = torch.randn(2, 4, config.d_model, generator=generator, dtype=torch.float64)
+    ids = torch.tensor([[1, 5, 7, 8], [1, 6, 9, 3]])  # (B, 4)
+    again = torch.tensor([[2], [4]])  # (B, 1): other ids at position 1
+    with torch.no_grad():
+        cache = model.start_static_cache(memory, None, 6)
+        for t in range(4):
+            model.static_step(ids[:, t:t + 1], torch.tensor(t), cache)
+        hidden = model.static_step(again, torch.tensor(1), cache)  # (B, 1, D)
+        prefix = torch.cat([ids[:, :1], again], dim=1)  # (B, 2)
+        causal = torch.ones(1, 1, 2, 2, dtype=torch.bool).tril()
+        expected = model.decode(prefix, memory, None, causal)[:, -1:]  # (B, 1, D)
+    torch.testing.assert_close(hidden, expected, **FLOAT64_TOL)
+
+
 # --- which SDPA kernel runs -------------------------------------------------------------------
 
 
