@@ -36,7 +36,7 @@ from tqdm import tqdm
 from benchmarks.engines import ENGINES, engines_problem, row_argument
 from benchmarks.plot import matplotlib_problem, path_problem, plot
 from benchmarks.processes import run_processes
-from benchmarks.render import FORMATS, contention_line, render, write_table
+from benchmarks.render import FORMATS, render, warning_lines, write_table
 from benchmarks.run import run
 from benchmarks.settings import MIN_RUN_TIME, ROUNDS, Settings
 from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
@@ -90,7 +90,8 @@ def command_line() -> Parser:
                         help="rounds, each timing every row once in a fresh shuffled order; ratios "
                              f"are paired by round, with 95%% intervals over them (default {ROUNDS})")
     parser.add_argument("--min-run-time", type=positive(float), default=MIN_RUN_TIME, metavar="SECONDS",
-                        help=f"blocked_autorange time per cell and round (default {MIN_RUN_TIME})")
+                        help="seconds of a cell's block of calls in a round, at least one call "
+                             f"(default {MIN_RUN_TIME})")
     parser.add_argument("--no-control", action="store_true",
                         help="do not time torch a second time as the control (torch against itself, "
                              "the run's resolution; on by default)")
@@ -174,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     text = render(report, args.format, wide=args.wide)
     if problem := write_table(text, args.output):
         sys.exit(f"compare.py: error: {problem}")
-    if (warning := contention_line(report["meta"])) and (args.output or args.format in ("json", "csv")):
-        tqdm.write(f"compare.py: {warning}", file=sys.stderr)  # not at the top of a table here
+    if args.output or args.format in ("json", "csv"):  # not at the top of a table here
+        for warning in warning_lines(report):
+            tqdm.write(f"compare.py: {warning}", file=sys.stderr)
     if args.plot:
         plot(report, args.plot)
     for written in (args.output, args.plot):

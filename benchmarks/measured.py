@@ -14,7 +14,8 @@ class Cell:
     """What one (variant, mode) measured, or why it could not."""
 
     measurement: Measurement | None = None  # the rounds merged so far
-    rounds: list[float] = field(default_factory=list)  # each round's median seconds, in order
+    rounds: list[float] = field(default_factory=list)  # each round's seconds per call, in order
+    number: int | None = None  # calls timed as one block each round, found in the first
     error: str | None = None  # "OOM" or a short description; the cell is then skipped
     calls: int = 0  # step calls timed, to average the page faults over
     page_faults: int = 0  # minor page faults while timing

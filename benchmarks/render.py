@@ -89,7 +89,7 @@ def render(report: dict, fmt: str, wide: bool = False) -> str:
         marked = any(text.startswith(SAME_MARK) for line in lines for text in line)
         parts.append("\n".join([*header_lines(meta, block), table(lines, headers, fmt),
                                 *(f"  {note}" for note in notes(meta, block, wide, marked))]))
-    warnings = [line for line in (contention_line(meta), busy_rounds_line(report)) if line]
+    warnings = warning_lines(report)
     return "\n\n".join(["\n".join(warnings), *parts] if warnings else parts) + "\n"
 
 
@@ -282,6 +282,25 @@ def rounds_line(block: dict) -> str | None:
     seed = f"seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
     return (f"{count} rounds{source}, rows in a fresh order each ({seed}); "
             f"{busy} of them on busy cores" + (" (in the intervals)" if busy else ""))
+
+
+def warning_lines(report: dict) -> list[str]:
+    """The lines above every table that say how far to trust it: threads outnumbering the free
+    cores, rounds on busy cores, fewer threads than an idle machine would use."""
+    meta = report["meta"]
+    return [line for line in (contention_line(meta), busy_rounds_line(report), fewer_threads_line(meta))
+            if line]
+
+
+def fewer_threads_line(meta: dict) -> str | None:
+    """The line above every table when the run chose fewer threads than it would on an idle
+    machine (others held cores before timing): its ratios are that many threads' ratios."""
+    cores, threads = meta.get("cores", {}), meta["threads"]
+    if cores.get("requested") is not None or cores.get("default") in (None, threads):
+        return None
+    count = f"{threads} thread{'s' * (threads != 1)}"
+    return (f"note: timed with {count}, not {cores['default']}, as others held cores: these ratios are "
+            "for that count and may differ from an idle run's")
 
 
 def busy_rounds_line(report: dict) -> str | None:

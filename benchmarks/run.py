@@ -284,7 +284,7 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -
     others, contended = [], []
     for round_index, order in enumerate(orders):
         started = read_sample()
-        peak.measure(settings.min_run_time)
+        peak.measure()
         for mode in settings.modes:
             with phase(bar, f"{block.where}: {mode.replace('_', ' ')}, "
                             f"round {round_index + 1}/{settings.rounds}"):

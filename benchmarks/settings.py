@@ -13,8 +13,8 @@ from variants import VARIANTS
 
 # Many short rounds rather than a few long ones: a burst of other work then spoils one round's
 # ratios, which the interval over rounds shows, instead of one row's whole time.
-ROUNDS = 15
-MIN_RUN_TIME = 0.1
+ROUNDS = 10
+MIN_RUN_TIME = 0.05
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Settings:
     thread_choice: ThreadChoice | None = None  # how `threads` was chosen and how busy the cores
     # were before the run (benchmarks.machine.settle_threads); None: not checked
     rounds: int = ROUNDS  # rounds; each times every row once, in a fresh shuffled order
-    min_run_time: float = MIN_RUN_TIME  # seconds of blocked_autorange per cell and round
+    min_run_time: float = MIN_RUN_TIME  # seconds of a cell's block of calls a round (at least one)
     control: bool = True  # time a second, separately built torch row: the run's resolution
     order_seed: int = 0  # seeds the rounds' shuffled orders (a process of --processes N: its index)
     decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column

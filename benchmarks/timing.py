@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import resource
+import time
+import timeit
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.benchmark import Measurement, Timer
+from torch.utils.benchmark import Measurement
+from torch.utils.benchmark.utils.common import TaskSpec
 
 from benchmarks.measured import Cell
+
+# A step that takes longer than this (seconds a call) is timed without the call not kept: its
+# first touch of cold caches is a small share of it, and the round would double in length.
+WARM_CALL_BELOW = 1.0
 
 
 def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_time: float,
               label: str = "", sub_label: str = "", description: str = "") -> None:
-    """One more ``blocked_autorange`` of ``step``, merged into ``cell`` with its calls and
-    minor page faults. An exception from the step propagates; ``cell`` is then unchanged."""
+    """One more round of ``step``: one call not kept, then ``cell.number`` calls timed as one
+    block (about ``min_run_time`` seconds, at least one call), merged into ``cell`` with its
+    calls and minor page faults. The call not kept brings the row's weights back into the
+    caches the other rows' calls of the round took over, so that every row is timed warm; the
+    first round sizes the block from its time, and steps over ``WARM_CALL_BELOW`` skip it
+    afterwards. (``blocked_autorange`` warms up with its estimate; ``Timer.timeit`` with two
+    calls each time.) ``timeit.Timer`` with a clock that waits for CUDA is the timer. An
+    exception from the step propagates; ``cell`` is then unchanged."""
     calls = 0
 
     def counted() -> None:
@@ -25,15 +39,28 @@ def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_t
         calls += 1
         step()
 
-    timer = Timer("step()", globals={"step": counted}, num_threads=threads,
-                  label=label, sub_label=sub_label, description=description)
+    timer = timeit.Timer(counted, timer=synchronized_clock)
+    if cell.number is None or cell.seconds < WARM_CALL_BELOW:
+        warm = timer.timeit(1)
+        calls = 0
+        if cell.number is None:
+            cell.number = max(1, round(min_run_time / warm)) if warm > 0 else 1
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    measurement = timer.blocked_autorange(min_run_time=min_run_time)
+    seconds = timer.timeit(cell.number)
     cell.page_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
     cell.calls += calls
+    measurement = Measurement(cell.number, [seconds], TaskSpec(
+        "step()", "pass", label=label, sub_label=sub_label, description=description, num_threads=threads))
     cell.rounds.append(measurement.median)
     previous = [cell.measurement] if cell.measurement else []
     cell.measurement = Measurement.merge([*previous, measurement])[0]
+
+
+def synchronized_clock() -> float:
+    """``time.perf_counter()`` once queued CUDA work has finished (as torch's Timer reads it)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 @dataclass(frozen=True)
@@ -56,36 +83,35 @@ class MatmulPeak:
     runs. The shapes the model runs bound what its steps could reach.
     """
 
-    SECONDS_PER_SHAPE = 0.1  # at most, per round: five shapes cost about what one square did
+    SECONDS_PER_SHAPE = 0.05  # per round (at least one call): the peak takes a fraction of a round
 
     def __init__(self, device: str, dtype: torch.dtype, threads: int,
                  shapes: list[tuple[int, int, int]]) -> None:
-        self.timers: dict[tuple[int, int, int], Timer] = {}
+        self.threads = threads
+        self.calls: dict[tuple[int, int, int], Callable[[], object]] = {}
         for m, k, n in shapes:
             # x (M, K) times a weight stored (N, K), as nn.Linear and F.linear hold it
             x, weight = (torch.randn(rows, k, device=device).to(dtype) for rows in (m, n))
-            timer = Timer("linear(x, weight)", globals={"linear": F.linear, "x": x, "weight": weight},
-                          num_threads=threads, label="matmul peak", sub_label=f"{m}x{k}x{n}")
-            timer.timeit(1)  # warm up (first-call library set-up, kernel selection)
-            self.timers[(m, k, n)] = timer
-        self.measurements: dict[tuple[int, int, int], list[Measurement]] = {s: [] for s in self.timers}
+            self.calls[(m, k, n)] = functools.partial(F.linear, x, weight)
+            self.calls[(m, k, n)]()  # warm up (first-call library set-up, kernel selection)
+        self.cells = {shape: Cell() for shape in self.calls}  # each shape's rounds, as a row's
 
-    def measure(self, min_run_time: float) -> None:
-        """One more round over every shape."""
-        for shape, timer in self.timers.items():
-            run_time = min(min_run_time, self.SECONDS_PER_SHAPE)
-            self.measurements[shape].append(timer.blocked_autorange(min_run_time=run_time))
+    def measure(self) -> None:
+        """One more round over every shape: a block of about ``SECONDS_PER_SHAPE`` each."""
+        for (m, k, n), call in self.calls.items():
+            time_step(self.cells[(m, k, n)], call, threads=self.threads,
+                      min_run_time=self.SECONDS_PER_SHAPE, label="matmul peak", sub_label=f"{m}x{k}x{n}")
 
     def peak(self) -> Peak:
         """The rounds merged per shape; the best shape's rate, spread and rounds."""
-        merged = {shape: Measurement.merge(rounds)[0] for shape, rounds in self.measurements.items()}
+        merged = {shape: cell.measurement for shape, cell in self.cells.items()}
         by_shape = {shape: 2 * math.prod(shape) / m.median for shape, m in merged.items()}
         best = max(by_shape, key=by_shape.get)
         flops = 2 * math.prod(best)
         fast, slow = torch.tensor(merged[best].times, dtype=torch.float64).quantile(
             torch.tensor([0.25, 0.75], dtype=torch.float64)).tolist()
         return Peak(by_shape[best], flops / fast - flops / slow,
-                    tuple(flops / m.median for m in self.measurements[best]), best, by_shape)
+                    tuple(flops / seconds for seconds in self.cells[best].rounds), best, by_shape)
 
 
 def float32_matmul_precision(device: str) -> str:

@@ -270,7 +270,9 @@ def test_a_contended_run_says_so_first_and_the_header_gives_the_load_and_threads
     chosen = BUSY_CORES | {"requested": None, "threads": 1, "contended_before": False,
                            "contended_during": False}
     lines = render(report_with(steady, chosen, threads=1), "github").splitlines()
-    assert lines[0].startswith("cpu: ") and lines[2].endswith("; 1 thread, not 2")
+    assert lines[0] == ("note: timed with 1 thread, not 2, as others held cores: these ratios are for "
+                        "that count and may differ from an idle run's")
+    assert lines[2].startswith("cpu: ") and lines[4].endswith("; 1 thread, not 2")
     idle = render(report_with(steady, {"cpus": 2, "others_during": 0.02, "free_during": 2}), "github")
     assert "busy cores" not in idle and "warning" not in idle
     assert render(report_with(steady, BUSY_CORES, contended=True), "csv").splitlines()[1].endswith(",True")
@@ -376,3 +378,20 @@ def test_what_the_early_reader_sets_is_what_the_check_accepts(policy, monkeypatc
         added = wait_policy_environment(argv, environ)
         assert added == {"OMP_WAIT_POLICY": policy.upper()}, argv
         assert benchmarks.machine.wait_policy_problem(policy, {**environ, **added}) is None, argv
+
+
+def test_json_output_puts_every_warning_line_on_stderr(monkeypatch, capsys):
+    """With --format json the table has no first line to warn in: the busy rounds and the cut
+    thread count go to stderr, as the contended run's warning does."""
+    record = {"orders": [["torch"]] * 3, "seed": 0, "others": [0.0, 0.6, 0.0],
+              "contended": [False, True, False]}
+    chosen = BUSY_CORES | {"requested": None, "threads": 1, "contended_before": False,
+                           "contended_during": False}
+    monkeypatch.setattr(compare, "settle_threads", lambda requested, default: choose_threads(None, 1, 1))
+    monkeypatch.setattr(compare, "run", lambda settings: report_with(
+        {"torch": {"forward": STEADY, "train": STEADY}}, chosen, threads=1, rounds_record=record))
+    assert compare.main(["--preset", "tiny", "--quiet", "--format", "json"]) == 0
+    err = capsys.readouterr().err
+    assert "compare.py: warning: 1 of 3 rounds ran on busy cores" in err
+    assert "compare.py: note: timed with 1 thread, not 2" in err
+

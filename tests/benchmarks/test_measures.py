@@ -11,13 +11,14 @@ import pytest
 import torch
 
 import benchmarks.run
+from benchmarks import timing
 from benchmarks.measured import Cell, Row
 from benchmarks.memory import profile_step, sdpa_backend
 from benchmarks.render import header_lines, notes
 from benchmarks.run import Block, count_decoded_ids, measure_memory, record_compiled, run, warm_up
 from benchmarks.settings import Settings
 from benchmarks.steps import forward_backward, forward_step
-from benchmarks.timing import MatmulPeak
+from benchmarks.timing import MatmulPeak, time_step
 from benchmarks.workload import PRESETS, Shape, gemm_shapes
 from common.batches import random_batch
 from common.config import TransformerConfig
@@ -37,7 +38,7 @@ def test_the_peak_is_the_best_shape_with_its_rounds_and_spread():
     shapes = [(8, 8, 8), (128, 128, 128)]
     peak = MatmulPeak("cpu", torch.float32, 1, shapes)
     for _ in range(3):
-        peak.measure(0.01)
+        peak.measure()
     result = peak.peak()
     assert set(result.by_shape) == set(shapes)
     assert result.flops_per_second == max(result.by_shape.values()) == result.by_shape[result.shape]
@@ -174,3 +175,25 @@ def test_the_cuda_header_names_the_float32_matmul_precision():
 def test_a_small_cuda_shape_is_warned_under_the_table():
     assert "warning: too small" in notes(META, cuda_block("bfloat16", "too small"))
     assert not any(line.startswith("warning") for line in notes(META, cuda_block("bfloat16", None)))
+
+
+def test_a_cell_times_the_same_block_of_calls_every_round_after_one_untimed_call():
+    """Every round makes one call it does not keep (the first round sizes the block from it),
+    then times the same number of calls as one block (structure only: no time is asserted)."""
+    invoked = []
+    cell = Cell()
+    for _ in range(3):
+        time_step(cell, lambda: invoked.append(1), threads=1, min_run_time=0.001)
+    assert cell.number is not None and cell.number >= 1
+    assert len(cell.rounds) == 3 and all(seconds > 0 for seconds in cell.rounds)
+    assert cell.calls == 3 * cell.number  # the timed calls only
+    assert len(invoked) == 3 * cell.number + 3  # and one a round not kept
+
+
+def test_a_step_longer_than_the_warm_call_limit_skips_it_after_the_first_round(monkeypatch):
+    monkeypatch.setattr(timing, "WARM_CALL_BELOW", 0.0)  # every step counts as long here
+    invoked = []
+    cell = Cell()
+    for _ in range(3):
+        time_step(cell, lambda: invoked.append(1), threads=1, min_run_time=0.001)
+    assert len(invoked) == 3 * cell.number + 1  # only the first round's call sized the block
