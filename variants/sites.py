@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from common.batches import random_batch
