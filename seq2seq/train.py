@@ -18,45 +18,25 @@ synthetic tasks, the chosen ``--preset`` for translation), shows a tqdm progress
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from common.cli import Parser, config_or_exit, device_or_exit, directory_problem, one_line, positive
+from common.cli import Parser, config_or_exit, device_or_exit, directory_problem, positive
 from seq2seq.data import tasks
-from seq2seq.data.batches import TokenBatches, TranslationData, encode_pairs, within
-from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
+from seq2seq.data.corpus import CorpusSettings
 from seq2seq.data.ids import PAD_ID
-from seq2seq.data.subwords import Vocabulary, train_vocabulary
 from seq2seq.data.tasks import TaskBatches, TaskData
-from seq2seq.evaluation import accuracy_line, held_out_accuracy, score_lines
-from seq2seq.training import distributed
-from seq2seq.training.checkpoint import (
-    Checkpoint,
-    checkpoint_path,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save,
-)
+from seq2seq.evaluation import accuracy_line, held_out_accuracy
+from seq2seq.training import distributed, run
+from seq2seq.training.checkpoint import list_checkpoints
 from seq2seq.training.distributed import World
-from seq2seq.training.recipe import Recipe, StepReport
-from seq2seq.training.trainer import Trainer, seed_dropout
-from seq2seq.translation import (
-    PRESETS,
-    TranslationSettings,
-    evaluate,
-    train_translation,
-    training_sentences,
-    validation_loss,
-)
-from variants import VARIANTS, build
+from seq2seq.training.recipe import Recipe
+from seq2seq.training.run import RunError, RunSettings
+from seq2seq.translation import PRESETS, run_translation
+from variants import VARIANTS
 
 TRANSLATE = "translate"
 # the defaults of the synthetic tasks for the options a translation preset also sets: the
@@ -92,36 +72,6 @@ def defaults(task: str, preset: str) -> dict[str, object]:
 def _default(option: str, text: str = "") -> str:
     """An option's help: its text, the tasks' default, and that translation takes the preset's."""
     return f"{text}{'; ' if text else ''}default {TASK_DEFAULTS[option]}, --task {TRANSLATE}: the preset's"
-
-
-@contextlib.contextmanager
-def progress_bar(steps: int, done: int = 0,
-                 minutes: float | None = None) -> Iterator[Callable[[StepReport], None]]:
-    """A tqdm bar on stderr for ``Trainer.run``'s ``on_step``: step, loss, learning rate and tokens/s.
-
-    ``done``: steps a resumed run has already taken (the bar starts there). ``minutes``: a time
-    budget, which then ends the run long before ``steps``: the line counts steps against it.
-    """
-    tokens = 0
-    bar_format = "[{bar:30}] step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
-    if minutes is not None:  # the budget counts training time; the wall time adds validation and saves
-        bar_format = "step {n_fmt} [{postfix}]"
-    with tqdm(total=steps, initial=done, file=sys.stderr, bar_format=bar_format, ascii=".#") as bar:
-
-        def show(report: StepReport) -> None:
-            nonlocal tokens
-            tokens += report.tokens
-            rate = tokens / max(report.seconds, 1e-9)
-            budget = ""
-            if minutes is not None:
-                wall = tqdm.format_interval(bar.format_dict["elapsed"])
-                budget = (f"training {tqdm.format_interval(report.seconds)} of {minutes:g} min, "
-                          f"wall {wall}  ")
-            bar.set_postfix_str(f"{budget}loss {report.loss:.4f}  lr {report.lr:.2e}  {rate:,.0f} tok/s",
-                                refresh=False)
-            bar.update()
-
-        yield show
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -271,206 +221,56 @@ def _translation_args(parser: Parser, args: argparse.Namespace) -> None:
         parser.error(str(error))
 
 
+def run_settings(args: argparse.Namespace) -> RunSettings:
+    """What every run reads, from the parsed options."""
+    return RunSettings(variant=args.variant, steps=args.steps, seed=args.seed, bf16=args.bf16,
+                       checkpoint_dir=args.checkpoint_dir, save_every=args.save_every,
+                       keep_checkpoints=args.keep_checkpoints, resume=args.resume, overwrite=args.overwrite)
+
+
+def note(line: str) -> None:
+    """A remark of the run on stderr, above the progress bar."""
+    tqdm.write(line, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Parse; join the process group (under torchrun); build or resume; train with a progress
-    bar and checkpoints; evaluate held out and report (rank 0 only)."""
+    """Parse; join the process group (under torchrun); train (``seq2seq.training.run``, or
+    ``seq2seq.translation.run_translation``); print the report (rank 0 only). A run that cannot
+    go on ends with status 1 and one line (rank 0)."""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     world = World.from_environment()
-    if args.overwrite and world.is_main:  # asked for: the earlier run's checkpoints go
-        for old in list_checkpoints(args.checkpoint_dir):
-            old.unlink(missing_ok=True)
+    settings = run_settings(args)
+    run.clear_checkpoints(settings, world)
     device = distributed.device_for(args.device, world)
+    progress = sys.stderr if world.is_main else None
     with distributed.process_group(world, device):
-        if args.task == TRANSLATE:
-            _translate(args, world, device)
-            return
-        trainer = _start(args, world, device)
-        start = time.perf_counter()
-        losses = _train(args, trainer, lambda on_step: trainer.run(args.steps, on_step=on_step))
-        seconds = time.perf_counter() - start
-        if world.is_main:
-            _report(args, trainer, losses, seconds)
-
-
-def _start(args: argparse.Namespace, world: World, device: torch.device) -> Trainer:
-    """Build the model and its trainer: fresh, or from the newest checkpoint with ``--resume``."""
-    model = build(args.variant, args.config, seed=args.seed).to(device)
-    trainer = Trainer(model, TaskBatches(args.data), args.recipe, world=world, bf16=args.bf16)
-    seed_dropout(args.seed, world)
-    if args.resume:
-        _resume(args, trainer)
-    _header(args, trainer, f"{args.task}, {args.steps} steps of {args.batch} sequences")
-    return trainer
-
-
-def _header(args: argparse.Namespace, trainer: Trainer, what: str) -> None:
-    """The run's first line, on stderr (rank 0)."""
-    if trainer.world.is_main:
-        world = trainer.world
-        where = f"{world.size} processes on {trainer.device.type}" if world.size > 1 else str(trainer.device)
-        resumed = f", resuming at step {trainer.step}" if trainer.step else ""
-        parameters = sum(p.numel() for p in trainer.model.parameters())
-        print(f"{args.variant}: {what}, {parameters:,} parameters on {where}{resumed}", file=sys.stderr)
-
-
-def _resume(args: argparse.Namespace, trainer: Trainer, checkpoint: Checkpoint | None = None) -> None:
-    """Restore the newest checkpoint in ``--checkpoint-dir`` (or ``checkpoint``, read from it
-    already); one that is not this run's, or is already at ``--steps``, ends the program with
-    status 1 (rank 0 says why, naming every difference)."""
-    path = None
-    try:
-        path = latest_checkpoint(args.checkpoint_dir)
-        trainer.restore(checkpoint or load_checkpoint(path), args.variant)
-        if trainer.step >= args.steps:
-            raise ValueError(f"it is at step {trainer.step}; ask for more --steps to continue")
-    except (OSError, ValueError) as error:
-        _resume_failed(args, path, error, trainer.world)
-
-
-def _resume_failed(args: argparse.Namespace, path: Path | None, error: BaseException, world: World) -> None:
-    source = path or args.checkpoint_dir
-    message = f"python -m seq2seq.train: error: cannot resume from {source}: {one_line(error)}"
-    sys.exit(message if world.is_main else 1)
-
-
-def _train(args: argparse.Namespace, trainer: Trainer,
-           run: Callable[[Callable[[StepReport], None]], list[float]],
-           vocabulary: Vocabulary | None = None,
-           every_step: Callable[[StepReport], None] | None = None) -> list[float]:
-    """``run(on_step)`` to its end; rank 0 draws the bar and writes the checkpoints (every rank
-    helps), with ``vocabulary`` inside; ``every_step`` runs after each step's save, on rank 0.
-    A run that stops before ``report.steps`` (out of minutes) is saved at its last step."""
-    saved = trainer.step
-
-    def save_now(step: int) -> None:
-        nonlocal saved
-        checkpoint = trainer.checkpoint(args.variant)  # collective: every rank calls it
-        saved = step
-        if checkpoint is not None:
-            if vocabulary is not None:
-                checkpoint = dataclasses.replace(checkpoint, vocabulary=vocabulary.to_tensor())
-            path = checkpoint_path(args.checkpoint_dir, step)
-            try:
-                save(checkpoint, path)
-                if args.keep_checkpoints:  # only once the newest is safely written
-                    for old in list_checkpoints(args.checkpoint_dir)[:-args.keep_checkpoints]:
-                        old.unlink(missing_ok=True)
-            except OSError as error:  # a disk that filled up, or a directory removed, mid-run
-                sys.exit(f"python -m seq2seq.train: error: cannot write {path}: {one_line(error)}")
-
-    def save_when_due(report: StepReport) -> None:
-        due = report.step == report.steps or (args.save_every and report.step % args.save_every == 0)
-        if args.checkpoint_dir is not None and due:
-            save_now(report.step)
-
-    if not trainer.world.is_main:
-        losses = run(save_when_due)
-    else:
-        minutes = args.translation.minutes if args.task == TRANSLATE else None
-        with progress_bar(args.steps, done=trainer.step, minutes=minutes) as show_step:
-
-            def on_step(report: StepReport) -> None:
-                show_step(report)
-                save_when_due(report)
-                if every_step is not None:
-                    every_step(report)
-
-            losses = run(on_step)
-    if args.checkpoint_dir is not None and saved != trainer.step:
-        save_now(trainer.step)
-    return losses
-
-
-# --- translation -----------------------------------------------------------------------------
-
-
-def _translate(args: argparse.Namespace, world: World, device: torch.device) -> None:
-    """Load the corpus; train its vocabulary (or take the checkpoint's); train with periodic
-    validation; report test BLEU and chrF, greedy and beam 4 (rank 0)."""
-    settings: TranslationSettings = args.translation
-    try:
-        corpus = load_corpus(args.corpus)
-    except ValueError as error:
-        sys.exit(f"python -m seq2seq.train: error: {one_line(error)}")
-    checkpoint, path = None, None
-    if args.resume:  # the vocabulary is the checkpoint's: the model's ids mean its pieces
         try:
-            path = latest_checkpoint(args.checkpoint_dir)
-            checkpoint = load_checkpoint(path)
-            if checkpoint.vocabulary is None:
-                raise ValueError("it holds no subword vocabulary (not a translation run)")
-            vocabulary = Vocabulary.from_tensor(checkpoint.vocabulary)
-        except (OSError, ValueError) as error:
-            _resume_failed(args, path, error, world)
-    else:
-        try:  # e.g. a vocabulary larger than a small corpus can fill
-            vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
-        except ValueError as error:
-            sys.exit(f"python -m seq2seq.train: error: {one_line(error)}; a smaller --vocab, "
-                     "or a larger corpus")
-    data = TranslationData(args.corpus, settings.vocabulary_settings(), settings.batch_tokens,
-                           settings.pool_size, args.seed)
-    max_len = settings.max_seq_len
-    for name in ("valid", "test"):  # sources it will translate: each must fit the model
-        sources = vocabulary.encode([example.source for example in corpus.split(name)])
-        if (longest := max(len(ids) + 1 for ids in sources)) > max_len:
-            sys.exit(f"python -m seq2seq.train: error: a {name} sentence is {longest} pieces long with EOS, "
-                     f"more than the model's max_seq_len {max_len}: a smaller --max-words")
-    try:  # pairs longer than the model reads or writes are left out of training and validation
-        train, long_train = within(encode_pairs(vocabulary, corpus.pairs("train")), max_len)
-        batches = TokenBatches(train, data)
-    except ValueError as error:
-        sys.exit(f"python -m seq2seq.train: error: {one_line(error)}")
-    model = build(args.variant, args.config, seed=args.seed).to(device)
-    trainer = Trainer(model, batches, args.recipe, world=world, bf16=args.bf16)
-    seed_dropout(args.seed, world)
-    if args.resume:
-        _resume(args, trainer, checkpoint)
-    limit = f" (at most {settings.minutes:g} minutes)" if settings.minutes else ""
-    _header(args, trainer, f"translate {Path(args.corpus.path).name}, {len(corpus.train):,} train / "
-                           f"{len(corpus.valid):,} valid / {len(corpus.test):,} test English sentences, "
-                           f"{vocabulary.size} subwords, {settings.steps} steps{limit} of "
-                           f"{settings.batch_tokens} tokens")
-    valid, long_valid = within(encode_pairs(vocabulary, corpus.pairs("valid")), max_len)
-    if (long := long_train + long_valid) and world.is_main:
-        print(f"{long} train or valid pairs longer than max_seq_len {max_len} left out of training and "
-              "validation loss (the test scores keep every reference)", file=sys.stderr)
-    normalization = args.corpus.normalization
-
-    def validate(report: StepReport) -> None:
-        if report.step % settings.eval_every == 0 and valid.sources:
-            loss = validation_loss(trainer.model, valid, settings.batch_tokens)
-            scores = evaluate(trainer.model, vocabulary, corpus.valid, beam_sizes=(1,),
-                              normalization=normalization)[1]
-            tqdm.write(f"step {report.step} ({report.seconds / 60:.1f} min): valid loss {loss:.4f}, "
-                       f"greedy BLEU {scores.bleu:.2f}, "
-                       f"chrF {scores.chrf:.2f}", file=sys.stderr)
-
-    start = time.perf_counter()
-    losses = _train(args, trainer, lambda on_step: train_translation(trainer, settings, on_step),
-                    vocabulary, every_step=validate)
-    seconds = time.perf_counter() - start
-    if world.is_main:
-        last = losses[-10:] or [float("nan")]
-        print(f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
-              f"{trainer.step} steps, trained in {seconds:.1f} s")
-        scores = evaluate(trainer.model, vocabulary, corpus.test, normalization=normalization)
-        references = sum(len(example.references) for example in corpus.test)
-        print(f"test split: {len(corpus.test):,} English sentences of at most {args.corpus.max_words} "
-              f"words, {references:,} French references (data: {ATTRIBUTION})")
-        for line in score_lines(scores):
-            print(line)
+            if args.task == TRANSLATE:
+                lines = run_translation(settings, args.translation, args.corpus, args.config, world=world,
+                                        device=device, progress=progress, note=note)
+            else:
+                trainer = run.start(settings, TaskBatches(args.data), args.config, args.recipe,
+                                    world=world, device=device)
+                if world.is_main:
+                    note(run.header(settings, trainer, f"{args.task}, {args.steps} steps of {args.batch} "
+                                                       "sequences"))
+                losses, seconds = run.train(settings, trainer, progress=progress)
+                lines = _task_report(args, trainer.model, losses, seconds) if world.is_main else []
+        except RunError as error:
+            sys.exit(f"python -m seq2seq.train: error: {error}" if world.is_main else 1)
+    for line in lines:
+        print(line)
 
 
-def _report(args: argparse.Namespace, trainer: Trainer, losses: list[float], seconds: float) -> None:
-    """The final loss and the held-out accuracy, on stdout."""
-    accuracy = held_out_accuracy(trainer.model, args.data, args.eval_size)
+def _task_report(args: argparse.Namespace, model: torch.nn.Module, losses: list[float],
+                 seconds: float) -> list[str]:
+    """The final loss and the held-out accuracy."""
     last = losses[-10:]
-    print(f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
-          f"trained in {seconds:.1f} s")
-    print(accuracy_line(accuracy, args.eval_size, args.task))
+    return [f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
+            f"trained in {seconds:.1f} s",
+            accuracy_line(held_out_accuracy(model, args.data, args.eval_size), args.eval_size, args.task)]
 
 
 if __name__ == "__main__":

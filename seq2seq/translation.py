@@ -30,28 +30,41 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from pathlib import Path
+from typing import NamedTuple, TextIO
 
 import torch
 from torch import nn
 
 from common.checks import check_int, check_number
+from common.cli import one_line
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
-from seq2seq.data.batches import EncodedPairs, batches_by_length
-from seq2seq.data.corpus import Corpus, Example, normalize
+from seq2seq.data.batches import (
+    EncodedPairs,
+    TokenBatches,
+    TranslationData,
+    batches_by_length,
+    encode_pairs,
+    within,
+)
+from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus, normalize
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.data.subwords import Vocabulary, VocabularySettings
+from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabulary
 from seq2seq.decoding.beam import ALPHA, EXTRA_LENGTH, beam_search
 from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.evaluation import Scores, corpus_scores
+from seq2seq.evaluation import Scores, corpus_scores, score_lines
 from seq2seq.training import distributed
 from seq2seq.training.checkpoint import ModelFile, build_model, load
+from seq2seq.training.distributed import SINGLE, World
 from seq2seq.training.recipe import Recipe, StepReport, smoothed_loss_sum
+from seq2seq.training.run import RunError, RunSettings, header, newest_checkpoint, start
+from seq2seq.training.run import train as train_run
 from seq2seq.training.trainer import Trainer
 
 # --- settings ------------------------------------------------------------------------------
@@ -277,3 +290,93 @@ def evaluate(model: nn.Module, vocabulary: Vocabulary, examples: Sequence[Exampl
                                           batch_size=batch_size, normalization=normalization),
                                 references)
             for size in beam_sizes}
+
+
+# --- the run of python -m seq2seq.train --task translate -----------------------------------
+
+
+def run_translation(run: RunSettings, settings: TranslationSettings, corpus_settings: CorpusSettings,
+                    config: TransformerConfig, *, world: World = SINGLE, device: torch.device | None = None,
+                    progress: TextIO | None = None, note: Callable[[str], None] | None = None) -> list[str]:
+    """Load the corpus; train its vocabulary (or take the checkpoint's, resuming); train with
+    validation every ``settings.eval_every`` steps; return the report, on rank 0: the final loss
+    and the test split's BLEU and chrF, greedy and beam 4 (other ranks get no lines).
+
+    ``progress``: the stream of the bar (rank 0); ``note``: the run's remarks (its first line,
+    pairs left out, each validation). Data the run cannot use, or a checkpoint it cannot resume
+    from, raise ``RunError``.
+    """
+    def remark(line: str) -> None:
+        if note is not None and world.is_main:
+            note(line)
+
+    # 1. the corpus and its vocabulary: the checkpoint's when resuming (the model's ids mean its pieces)
+    try:
+        corpus = load_corpus(corpus_settings)
+    except ValueError as error:
+        raise RunError(one_line(error)) from error
+    newest = newest_checkpoint(run) if run.resume else None
+    if newest is not None:
+        try:
+            if newest[1].vocabulary is None:
+                raise ValueError("it holds no subword vocabulary (not a translation run)")
+            vocabulary = Vocabulary.from_tensor(newest[1].vocabulary)
+        except ValueError as error:
+            raise RunError(f"cannot resume from {newest[0]}: {one_line(error)}") from error
+    else:
+        try:  # e.g. a vocabulary larger than a small corpus can fill
+            vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
+        except ValueError as error:
+            raise RunError(f"{one_line(error)}; a smaller --vocab, or a larger corpus") from error
+
+    # 2. the pairs: sources it will translate must fit the model; longer pairs are left out of training
+    max_len = settings.max_seq_len
+    for name in ("valid", "test"):
+        sources = vocabulary.encode([example.source for example in corpus.split(name)])
+        if (longest := max(len(ids) + 1 for ids in sources)) > max_len:
+            raise RunError(f"a {name} sentence is {longest} pieces long with EOS, more than the model's "
+                           f"max_seq_len {max_len}: a smaller --max-words")
+    data = TranslationData(corpus_settings, settings.vocabulary_settings(), settings.batch_tokens,
+                           settings.pool_size, run.seed)
+    try:
+        train, long_train = within(encode_pairs(vocabulary, corpus.pairs("train")), max_len)
+        batches = TokenBatches(train, data)
+    except ValueError as error:
+        raise RunError(one_line(error)) from error
+    valid, long_valid = within(encode_pairs(vocabulary, corpus.pairs("valid")), max_len)
+
+    # 3. the model, fresh or resumed, and the run with validation
+    trainer = start(run, batches, config, settings.recipe(), world=world, device=device, newest=newest)
+    limit = f" (at most {settings.minutes:g} minutes)" if settings.minutes else ""
+    remark(header(run, trainer, f"translate {Path(corpus_settings.path).name}, {len(corpus.train):,} train / "
+                                f"{len(corpus.valid):,} valid / {len(corpus.test):,} test English sentences, "
+                                f"{vocabulary.size} subwords, {settings.steps} steps{limit} of "
+                                f"{settings.batch_tokens} tokens"))
+    if long := long_train + long_valid:
+        remark(f"{long} train or valid pairs longer than max_seq_len {max_len} left out of training and "
+               "validation loss (the test scores keep every reference)")
+    normalization = corpus_settings.normalization
+
+    def validate(report: StepReport) -> None:
+        if report.step % settings.eval_every == 0 and valid.sources:
+            loss = validation_loss(trainer.model, valid, settings.batch_tokens)
+            scores = evaluate(trainer.model, vocabulary, corpus.valid, beam_sizes=(1,),
+                              normalization=normalization)[1]
+            remark(f"step {report.step} ({report.seconds / 60:.1f} min): valid loss {loss:.4f}, "
+                   f"greedy BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}")
+
+    losses, seconds = train_run(run, trainer, functools.partial(train_translation, trainer, settings),
+                                progress=progress, minutes=settings.minutes, every_step=validate,
+                                vocabulary=vocabulary.to_tensor())
+
+    # 4. the report: the test split, greedy and beam 4
+    if not world.is_main:
+        return []
+    last = losses[-10:] or [float("nan")]
+    scores = evaluate(trainer.model, vocabulary, corpus.test, normalization=normalization)
+    references = sum(len(example.references) for example in corpus.test)
+    return [f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
+            f"{trainer.step} steps, trained in {seconds:.1f} s",
+            f"test split: {len(corpus.test):,} English sentences of at most {corpus_settings.max_words} "
+            f"words, {references:,} French references (data: {ATTRIBUTION})",
+            *score_lines(scores)]

@@ -21,6 +21,7 @@ from seq2seq.data.corpus import CorpusSettings, load_corpus
 from seq2seq.data.subwords import Vocabulary
 from seq2seq.training.checkpoint import ModelFile, list_checkpoints, load, save
 from seq2seq.training.recipe import StepReport
+from seq2seq.training.run import progress_bar
 from variants import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,10 +181,10 @@ def test_a_run_with_a_time_budget_counts_its_steps_against_the_minutes(capsys):
     """A translation preset's step count only bounds the run (its minutes end it): the bar must
     not promise 100,000 steps and a day of remaining time."""
     report = StepReport(step=1, steps=100_000, loss=1.0, lr=1e-3, tokens=10, seconds=1.0)
-    with train.progress_bar(100_000, minutes=30) as show:
+    with progress_bar(100_000, minutes=30, file=sys.stderr) as show:
         show(report)
     budget = capsys.readouterr().err
-    with train.progress_bar(100_000) as show:
+    with progress_bar(100_000, file=sys.stderr) as show:
         show(report)
     steps = capsys.readouterr().err
     assert "of 30 min" in budget and "100000" not in budget

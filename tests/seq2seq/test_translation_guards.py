@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import re
+import sys
 import unicodedata
 import zipfile
 
@@ -35,6 +36,7 @@ from seq2seq.training.checkpoint import (
     save,
 )
 from seq2seq.training.recipe import StepReport
+from seq2seq.training.run import progress_bar
 from seq2seq.translation import TranslationModel, training_sentences
 from tests.seq2seq.test_translation_cli import TINY_MODEL, one_line_error
 from variants import build
@@ -271,7 +273,7 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path, capsys, keep, left):
 
 
 def test_the_bar_shows_training_time_against_the_budget_and_wall_time_apart(capsys):
-    with train.progress_bar(100, minutes=30.0) as show:
+    with progress_bar(100, minutes=30.0, file=sys.stderr) as show:
         show(StepReport(step=1, steps=100, loss=2.0, lr=1e-3, tokens=100, seconds=754.0))
     err = capsys.readouterr().err
     assert "training 12:34 of 30 min" in err and "wall 00:0" in err, err
