@@ -68,6 +68,14 @@ def exact_match_accuracy(model: nn.Module, src: Tensor, tgt: Tensor, batch_size:
     return correct / src.shape[0]
 
 
+def loss_line(losses: list[float], seconds: float, steps: int | None = None) -> str:
+    """The report line of a run's final loss (the mean of its last ten steps) and its time."""
+    last = losses[-10:] or [float("nan")]
+    done = f"{steps} steps, " if steps is not None else ""
+    return (f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
+            f"{done}trained in {seconds:.1f} s")
+
+
 def accuracy_line(accuracy: float, size: int, task: str) -> str:
     """The held-out report line that ``python -m seq2seq.train`` and ``seq2seq.decode`` print."""
     return (f"held-out exact-sequence accuracy: {accuracy:.1%} "

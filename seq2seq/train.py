@@ -18,6 +18,7 @@ synthetic tasks, the chosen ``--preset`` for translation), shows a tqdm progress
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from seq2seq.data import tasks
 from seq2seq.data.corpus import CorpusSettings
 from seq2seq.data.ids import PAD_ID
 from seq2seq.data.tasks import TaskBatches, TaskData
-from seq2seq.evaluation import accuracy_line, held_out_accuracy
+from seq2seq.evaluation import accuracy_line, held_out_accuracy, loss_line
 from seq2seq.training import distributed, run
 from seq2seq.training.checkpoint import list_checkpoints
 from seq2seq.training.distributed import World
@@ -52,13 +53,9 @@ TRANSLATE_ONLY: dict[str, object] = {"data": None, "max_words": 8, "preset": "cp
                                      "minutes": None, "eval_every": None}
 KEEP_CHECKPOINTS = 5  # the newest checkpoints kept by default: what python -m seq2seq.average --last reads
 # TranslationSettings field -> the option that sets it (and takes the preset's value as default)
-PRESET_OPTIONS = {
-    "vocabulary_size": "vocab", "d_model": "d_model", "n_heads": "heads", "n_layers": "layers",
-    "d_ff": "d_ff", "dropout": "dropout", "norm_first": "norm_first",
-    "share_embeddings": "share_embeddings", "batch_tokens": "batch_tokens", "warmup": "warmup",
-    "lr_factor": "lr_factor", "label_smoothing": "label_smoothing", "steps": "steps",
-    "minutes": "minutes", "eval_every": "eval_every",
-}
+RENAMED = {"vocab": "vocabulary_size", "heads": "n_heads", "layers": "n_layers"}
+PRESET_OPTIONS = {RENAMED.get(option, option): option
+                  for option in (*TASK_DEFAULTS, "batch_tokens", "minutes", "eval_every")}
 
 
 def defaults(task: str, preset: str) -> dict[str, object]:
@@ -221,13 +218,6 @@ def _translation_args(parser: Parser, args: argparse.Namespace) -> None:
         parser.error(str(error))
 
 
-def run_settings(args: argparse.Namespace) -> RunSettings:
-    """What every run reads, from the parsed options."""
-    return RunSettings(variant=args.variant, steps=args.steps, seed=args.seed, bf16=args.bf16,
-                       checkpoint_dir=args.checkpoint_dir, save_every=args.save_every,
-                       keep_checkpoints=args.keep_checkpoints, resume=args.resume, overwrite=args.overwrite)
-
-
 def note(line: str) -> None:
     """A remark of the run on stderr, above the progress bar."""
     tqdm.write(line, file=sys.stderr)
@@ -241,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     world = World.from_environment()
-    settings = run_settings(args)
+    settings = RunSettings(**{field.name: getattr(args, field.name)
+                              for field in dataclasses.fields(RunSettings)})  # options of the same names
     run.clear_checkpoints(settings, world)
     device = distributed.device_for(args.device, world)
     progress = sys.stderr if world.is_main else None
@@ -257,20 +248,12 @@ def main(argv: list[str] | None = None) -> None:
                     note(run.header(settings, trainer, f"{args.task}, {args.steps} steps of {args.batch} "
                                                        "sequences"))
                 losses, seconds = run.train(settings, trainer, progress=progress)
-                lines = _task_report(args, trainer.model, losses, seconds) if world.is_main else []
+                accuracy = held_out_accuracy(trainer.model, args.data, args.eval_size) if world.is_main else 0
+                lines = [loss_line(losses, seconds), accuracy_line(accuracy, args.eval_size, args.task)]
         except RunError as error:
             sys.exit(f"python -m seq2seq.train: error: {error}" if world.is_main else 1)
-    for line in lines:
-        print(line)
-
-
-def _task_report(args: argparse.Namespace, model: torch.nn.Module, losses: list[float],
-                 seconds: float) -> list[str]:
-    """The final loss and the held-out accuracy."""
-    last = losses[-10:]
-    return [f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
-            f"trained in {seconds:.1f} s",
-            accuracy_line(held_out_accuracy(model, args.data, args.eval_size), args.eval_size, args.task)]
+    if world.is_main:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabulary
 from seq2seq.decoding.beam import ALPHA, EXTRA_LENGTH, beam_search
 from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.evaluation import Scores, corpus_scores, score_lines
+from seq2seq.evaluation import Scores, corpus_scores, loss_line, score_lines
 from seq2seq.training import distributed
 from seq2seq.training.checkpoint import ModelFile, build_model, load
 from seq2seq.training.distributed import SINGLE, World
@@ -372,11 +372,9 @@ def run_translation(run: RunSettings, settings: TranslationSettings, corpus_sett
     # 4. the report: the test split, greedy and beam 4
     if not world.is_main:
         return []
-    last = losses[-10:] or [float("nan")]
     scores = evaluate(trainer.model, vocabulary, corpus.test, normalization=normalization)
     references = sum(len(example.references) for example in corpus.test)
-    return [f"final loss {sum(last) / len(last):.4f} (mean of the last {len(last)} steps), "
-            f"{trainer.step} steps, trained in {seconds:.1f} s",
+    return [loss_line(losses, seconds, trainer.step),
             f"test split: {len(corpus.test):,} English sentences of at most {corpus_settings.max_words} "
             f"words, {references:,} French references (data: {ATTRIBUTION})",
             *score_lines(scores)]
