@@ -7,12 +7,10 @@ reporting held-out exact-sequence accuracy of greedy decoding; or on a real corp
     python -m seq2seq.train --checkpoint-dir runs/a --steps 600 --resume
     python -m seq2seq.train --task translate --data fra-eng.zip --preset cpu --checkpoint-dir runs/fr
 
-A thin shell over the library: ``seq2seq.data`` (the task stream; for translation the corpus,
-its vocabulary and batches), ``seq2seq.training`` (the recipe, the run, under torchrun one shard
-per process, its checkpoints), ``seq2seq.evaluation`` and ``seq2seq.translation``. It parses the
-options once, filling each one not given from a table of defaults (``TASK_DEFAULTS`` for the
-synthetic tasks, the chosen ``--preset`` for translation), shows a tqdm progress bar on stderr
-(rank 0), writes checkpoints (rank 0), and prints the results on stdout (rank 0).
+It parses the options once, filling each one not given from ``TASK_DEFAULTS`` (the synthetic
+tasks) or the ``--preset`` (translation); the run is ``seq2seq.training.run``'s (or
+``seq2seq.translation.run_translation``); rank 0 prints its remarks and bar on stderr and its
+report on stdout.
 """
 
 from __future__ import annotations
@@ -82,58 +80,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     that no run fails at its first save. With ``--task translate`` the ``--preset`` gives the
     defaults of the model, recipe and run options, and any option given overrides it.
     """
-    parser = Parser(
-        prog="python -m seq2seq.train",
-        description="Train one variant with the paper's recipe on a synthetic task (then report "
-                    "held-out exact-sequence accuracy of greedy decoding) or on a translation "
-                    "corpus (then report test BLEU and chrF of greedy and beam-4 decoding). Under "
-                    "torchrun, each process trains on its share of every batch "
-                    "(DistributedDataParallel).",
-    )
+    parser = Parser(prog="python -m seq2seq.train", description="Train one variant with the paper's recipe "
+                    "on a synthetic task or a translation corpus (under torchrun, with DDP), then score it.")
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
     parser.add_argument("--task", choices=(*tasks.TASKS, TRANSLATE), default="reverse")
     parser.add_argument("--steps", type=positive(int),
                         help=_default("steps", "steps in all (a resumed run continues up to this many)"))
-    parser.add_argument("--batch", type=int, default=None,
-                        help="sequences per step, all processes together (default 128)")
+    parser.add_argument("--batch", type=int, help="sequences per step, all processes together (default 128)")
     parser.add_argument("--seed", type=int, default=0, help="weights, training data and dropout")
     parser.add_argument("--warmup", type=int,
                         help=_default("warmup", "warm-up steps (the paper: 4000 for 100k steps)"))
     parser.add_argument("--lr-factor", type=float, help=_default("lr_factor"))
     parser.add_argument("--label-smoothing", type=float, help=_default("label_smoothing"))
     parser.add_argument("--vocab", type=int, help=_default("vocab", "vocabulary size, PAD/BOS/EOS included"))
-    parser.add_argument("--min-len", type=int, default=None, help="default 1")
-    parser.add_argument("--max-len", type=int, default=None, help="default 10")
+    parser.add_argument("--min-len", type=int, help="default 1")
+    parser.add_argument("--max-len", type=int, help="default 10")
     for option in ("d_model", "heads", "layers", "d_ff"):
         parser.add_argument(f"--{option.replace('_', '-')}", type=int, help=_default(option))
     parser.add_argument("--dropout", type=float, help=_default("dropout"))
     parser.add_argument("--norm-first", action="store_true", default=None,
                         help=_default("norm_first", "pre-norm instead of post-norm"))
-    parser.add_argument("--share-embeddings", action=argparse.BooleanOptionalAction,
-                        help=_default("share_embeddings", "one matrix for both embeddings and the "
-                                      "generator (paper section 3.4); the tasks' source and target "
-                                      "share one vocabulary"))
+    parser.add_argument("--share-embeddings", action=argparse.BooleanOptionalAction, help=_default(
+        "share_embeddings", "one matrix for both embeddings and the generator (paper section 3.4)"))
     parser.add_argument("--bf16", action="store_true",
                         help="forward pass under bfloat16 autocast (CPU or CUDA); off by default")
-    parser.add_argument("--eval-size", type=positive(int), default=None,
-                        help="held-out sequences (default 1000)")
+    parser.add_argument("--eval-size", type=positive(int), help="held-out sequences (default 1000)")
     parser.add_argument("--device", default="cpu",
                         help="e.g. cpu, cuda, cuda:1 (under torchrun, cuda is each process's own GPU)")
-    parser.add_argument("--threads", type=positive(int), default=None,
-                        help="CPU threads for torch (default: torch's choice); 1 suits small "
-                             "models on a shared machine")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None,
-                        help="write checkpoints DIR/step-NNNNNNNN.pt (at the last step, and every "
-                             "--save-every steps)")
+    parser.add_argument("--threads", type=positive(int), help="CPU threads for torch (default: torch's)")
+    parser.add_argument("--checkpoint-dir", type=Path, help="write DIR/step-NNNNNNNN.pt (at the end, "
+                                                             "and every --save-every steps)")
     parser.add_argument("--save-every", type=positive(int), default=None, metavar="STEPS")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start afresh in a --checkpoint-dir that holds checkpoints, deleting them "
-                             "(without it, or --resume, such a directory is refused)")
+                        help="start afresh in a --checkpoint-dir that holds checkpoints, deleting them")
     parser.add_argument("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS, metavar="N",
-                        help=f"keep the newest N checkpoints, deleting older ones after each save "
-                             f"(default {KEEP_CHECKPOINTS}, what seq2seq.average --last reads; 0 keeps all)")
+                        help=f"keep the newest N checkpoints (default {KEEP_CHECKPOINTS}; 0 keeps all)")
     translation = parser.add_argument_group(
         "translation (--task translate)",
         "--vocab is the joint subword vocabulary's size; --steps, the model and the recipe "
@@ -146,9 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              help="model, batches and recipe sized for a 2-core CPU or one GPU")
     translation.add_argument("--batch-tokens", type=positive(int), default=None,
                              help="source + target positions per step, padding included")
-    translation.add_argument("--minutes", type=positive(float), default=None,
-                             help="stop after this much training time (validation and checkpoint "
-                                  "saves not counted; the bar shows both clocks)")
+    translation.add_argument("--minutes", type=positive(float),
+                             help="stop after this much training time (validation and saves not counted)")
     translation.add_argument("--eval-every", type=positive(int), default=None, metavar="STEPS",
                              help="validation loss and greedy BLEU every STEPS steps")
     args = parser.parse_args(argv)
