@@ -115,7 +115,8 @@ def float32_valued(tensor: Tensor) -> bool:
     computed in float32 and cast up (a float64 computation almost never lands on float32 values)."""
     if tensor.dtype != torch.float64 or tensor.numel() == 0:
         return False
-    return bool(torch.equal(tensor.float().double(), tensor)) and not bool(torch.equal(tensor.round(), tensor))
+    return (bool(torch.equal(tensor.float().double(), tensor))
+            and not bool(torch.equal(tensor.round(), tensor)))
 
 
 class Float32Watch(TorchDispatchMode):

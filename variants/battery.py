@@ -318,7 +318,8 @@ def forward(spec: str, case: Case, seed: int, check: str) -> Result:
             swapped = swap_masks(subject, case.inputs, expected) if hint_for(error) == MASK_HINT else ""
             if not swapped:
                 raise
-            return Result(check, False, None, str(case.tolerance), f"{explained(error, hint=False)}; hint: {swapped}",
+            return Result(check, False, None, str(case.tolerance),
+                          f"{explained(error, hint=False)}; hint: {swapped}",
                           bound=case.tolerance, config=case.config)
     result = compared(check, actual, expected, case.tolerance, case)
     hint = "" if result.passed else output_hint(subject, case, actual, expected)
@@ -347,7 +348,8 @@ def output_hint(model: nn.Module, case: Case, actual: Tensor, expected: Tensor) 
             return (f"NaN at {positions} positions: masked scores are filled with -inf, so a row with no "
                     f"key to attend to (a source of padding only) is softmax of -inf everywhere; fill with "
                     f"torch.finfo(scores.dtype).min")
-        return f"NaN at {positions} positions where the reference is finite (a row with nothing to attend to?)"
+        return (f"NaN at {positions} positions where the reference is finite "
+                f"(a row with nothing to attend to?)")
     finite = actual[torch.isfinite(actual).all(-1)].double()
     if finite.numel():
         total = finite.logsumexp(-1).abs().max().item()
@@ -386,9 +388,10 @@ def swap_masks(model: nn.Module, inputs: tuple[Tensor, ...], expected: Tensor) -
         return ""
     agrees = ""
     if log_probs.shape == expected.shape:
-        agrees = f", and then agrees with the reference to {number((log_probs - expected).abs().max().item())}"
-    return (f"with src_mask and tgt_mask exchanged in decode the model runs{agrees}: its decoder reads the masks "
-            f"the other way round; the self-attention takes tgt_mask, the cross-attention src_mask")
+        agrees = (f", and then agrees with the reference to "
+                  f"{number((log_probs - expected).abs().max().item())}")
+    return (f"with src_mask and tgt_mask exchanged in decode the model runs{agrees}: its decoder reads the "
+            f"masks the other way round; the self-attention takes tgt_mask, the cross-attention src_mask")
 
 
 def compared(check: str, actual: Tensor, expected: Tensor, tolerance: Tolerance, case: Case | None = None,
@@ -477,7 +480,8 @@ def gradients(spec: str, against: str, config: TransformerConfig, seed: int) -> 
         name, found = next(iter(rows.items()))
         ids = ", ".join(map(str, found[:4])) + (" ..." if len(found) > 4 else "")
         parts.append(f"{'row' if len(found) == 1 else 'rows'} {ids} of {name}'s gradient "
-                     f"{'is' if len(found) == 1 else 'are'} zero where the reference's {'is' if len(found) == 1 else 'are'} "
+                     f"{'is' if len(found) == 1 else 'are'} zero where the reference's "
+                     f"{'is' if len(found) == 1 else 'are'} "
                      f"not: an embedding built with padding_idx? The suite's embeddings train every row "
                      f"(its pad id is {config.pad_id})")
     elif not never and first is None and not rounded:
@@ -599,9 +603,11 @@ def dropout_sites(spec: str, config: TransformerConfig, seed: int) -> Result:
         resolve_probes(model)
     except LookupError:
         return Result(check, None, detail="skipped: no probe map to place them by", config=config)
-    missing, extra, wrong_p = sites.compare_sites(sites.observed_sites(model, sites_config, seed), sites_config)
+    missing, extra, wrong_p = sites.compare_sites(sites.observed_sites(model, sites_config, seed),
+                                                  sites_config)
     parts = [f"{label}: {', '.join(found[:3])}" + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
-             for label, found in (("missing dropout", missing), ("dropout where the architecture has none", extra),
+             for label, found in (("missing dropout", missing),
+                                  ("dropout where the architecture has none", extra),
                                   (f"dropout not at the config's p={sites.P:g}", wrong_p)) if found]
     return Result(check, not parts, None, "the paper's sites", "; ".join(parts), config=config)
 

@@ -131,7 +131,8 @@ def class_lines(spec: str, config: TransformerConfig) -> list[str]:
     if how.startswith("forward only"):
         lines.append(f"protocol: {how}")
     if getattr(cls, "inferred_maps", False):
-        lines.append(f"maps: inferred from {short(spec)}'s modules (--suggest-maps prints them to read or paste)")
+        lines.append(f"maps: inferred from {short(spec)}'s modules "
+                     f"(--suggest-maps prints them to read or paste)")
     return lines
 
 
@@ -182,7 +183,8 @@ def finder_report(spec: str, failed: Result, seed: int) -> str:
         return f"\nno divergence finder: {error}"
     tolerance = case.tolerance.atol
     first = next((d for d in differences if d.diverges(tolerance)), None)
-    rows = [(d.point, "-" if d.max_abs is None or math.isinf(d.max_abs) else number(d.max_abs), number(d.rounding),
+    rows = [(d.point, "-" if d.max_abs is None or math.isinf(d.max_abs) else number(d.max_abs),
+             number(d.rounding),
              re.sub(r"^not declared by (.*)", r"no module for it in \1 (None in its probe map)", d.note)
              + (" <- first divergence" if d is first else "")
              + (" float32 rounding" if d.departs(tolerance) and d.within_rounding() else ""))
@@ -212,7 +214,8 @@ def training_report(spec: str, failed: Result, seed: int) -> str:
     lines = [probe]
     if not drops and failed.detail:
         lines.append(f"so the gradients themselves differ: {failed.detail}")
-    return f"\nwhy {failed.check} fails while the forward passes:\n" + "\n".join(f"  {line}" for line in lines)
+    return (f"\nwhy {failed.check} fails while the forward passes:\n"
+            + "\n".join(f"  {line}" for line in lines))
 
 
 if __name__ == "__main__":

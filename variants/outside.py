@@ -170,7 +170,8 @@ def tying_hint(model: nn.Module) -> str:
         return ""
     tied = "; ".join(f"{other} is {first}" for first, other in pairs[:3])
     if model.config.share_embeddings:
-        return f"; hint: tied weights ({tied}): send src_embed.weight, tgt_embed.weight and generator.weight to it"
+        return (f"; hint: tied weights ({tied}): send src_embed.weight, tgt_embed.weight and "
+                f"generator.weight to it")
     return (f"; hint: the model ties weights ({tied}, one tensor): check a tied model against the tied "
             f"reference with --share-embeddings")
 
@@ -191,8 +192,8 @@ def inferred(spec: str, cls: type[nn.Module], config: TransformerConfig) -> type
         except NotImplementedError:
             raise
         except Exception as error:
-            raise SpecError(f"{spec} declares no weight_map, and none could be inferred: {cls.__name__}(config) "
-                            f"raised {error_line(error)}") from error
+            raise SpecError(f"{spec} declares no weight_map, and none could be inferred: "
+                            f"{cls.__name__}(config) raised {error_line(error)}") from error
         found = draft(model, config)
         missing = complete(found, config)
         if not any(True for _ in model.parameters()):
@@ -257,7 +258,8 @@ def interfaced(cls: type[nn.Module]) -> type[EncoderDecoder]:
     it (and of the adapter for its protocol), with the same name, parameters and modules (so its
     maps apply as declared), plus a zero placeholder for each weight it maps to ``None``."""
     declared = getattr(cls, "weight_map", None)
-    absent = [pattern for pattern, target in declared.items() if target is None] if isinstance(declared, dict) else []
+    absent = ([pattern for pattern, target in declared.items() if target is None]
+              if isinstance(declared, dict) else [])
     if issubclass(cls, EncoderDecoder) and not absent:
         return cls
     namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,

@@ -103,7 +103,8 @@ class Attention:
     linears: tuple[str, ...]  # the modules it uses, so the feed-forward search skips them
 
 
-def _linear_slot(path: str, modules: dict[str, nn.Module], chunk=None) -> tuple[str, str | None, tuple | None]:
+def _linear_slot(path: str, modules: dict[str, nn.Module],
+                 chunk=None) -> tuple[str, str | None, tuple | None]:
     return f"{path}.weight", f"{path}.bias" if modules[path].bias is not None else None, chunk
 
 
@@ -130,8 +131,8 @@ def attentions(layer: str, modules: dict[str, nn.Module], width: int) -> list[At
         if isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
             bias = f"{path}.in_proj_bias" if module.in_proj_bias is not None else None
             slots = tuple((f"{path}.in_proj_weight", bias, (k, 3)) for k in range(3))
-            found.append(Attention(path, (*slots, _linear_slot(f"{path}.out_proj", modules)), Probe(path, item=0),
-                                   (f"{path}.out_proj",)))
+            found.append(Attention(path, (*slots, _linear_slot(f"{path}.out_proj", modules)),
+                                   Probe(path, item=0), (f"{path}.out_proj",)))
         elif isinstance(module, nn.Linear) and module.weight.shape[1] == width and \
                 module.weight.shape[0] in (width, 2 * width, 3 * width):
             owners.setdefault(_owner(path, modules), []).append(path)
@@ -148,9 +149,11 @@ def attentions(layer: str, modules: dict[str, nn.Module], width: int) -> list[At
         if rows == [1, 1, 1, 1]:
             slots = tuple(_linear_slot(path, modules) for path in square)
         elif rows == [1, 3]:
-            slots = (*(_linear_slot(fused, modules, (k, 3)) for k in range(3)), _linear_slot(square[0], modules))
+            slots = (*(_linear_slot(fused, modules, (k, 3)) for k in range(3)),
+                     _linear_slot(square[0], modules))
         elif rows == [1, 1, 2]:
-            slots = (_linear_slot(square[0], modules), *(_linear_slot(fused, modules, (k, 2)) for k in range(2)),
+            slots = (_linear_slot(square[0], modules),
+                     *(_linear_slot(fused, modules, (k, 2)) for k in range(2)),
                      _linear_slot(square[1], modules))
         else:
             continue
@@ -249,7 +252,8 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
                 found.reverse()
             for canonical, attention in zip(names, found, strict=False):
                 for proj, (weight, bias, chunk) in zip(PROJECTIONS, attention.slots, strict=True):
-                    out.weights[f"{prefix}.{canonical}.{proj}.weight"] = Param(weight, chunk=chunk) if chunk else weight
+                    out.weights[f"{prefix}.{canonical}.{proj}.weight"] = \
+                        Param(weight, chunk=chunk) if chunk else weight
                     out.weights[f"{prefix}.{canonical}.{proj}.bias"] = \
                         None if bias is None else Param(bias, chunk=chunk) if chunk else bias
                 out.probes[f"{prefix}.{canonical}"] = attention.probe
@@ -267,7 +271,8 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
                         out.probes[f"{prefix}.ff"] = Probe(fits[0])
             if i == 0 and f"{prefix}.ff.w1.weight" not in out.weights:
                 widths = {m.weight.shape[0] for p, m in modules.items() if _under(p, layer)
-                          and isinstance(m, nn.Linear) and m.weight.shape[1] == width and m.weight.shape[0] != width}
+                          and isinstance(m, nn.Linear) and m.weight.shape[1] == width
+                          and m.weight.shape[0] != width}
                 if len(widths) == 1 and not any("feed-forward is" in note for note in out.notes):
                     wide = widths.pop()
                     out.notes.append(f"the feed-forward is {wide} wide ({layer}), the config's d_ff "
@@ -276,7 +281,8 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
             if len(norms) == expected:
                 for n, norm in enumerate(norms, start=1):
                     gain, shift = _norm_params(norm, modules[norm])
-                    out.weights[f"{prefix}.norm{n}.weight"], out.weights[f"{prefix}.norm{n}.bias"] = gain, shift
+                    out.weights[f"{prefix}.norm{n}.weight"] = gain
+                    out.weights[f"{prefix}.norm{n}.bias"] = shift
                     out.probes[f"{prefix}.norm{n}"] = Probe(norm)
             elif i == 0:
                 out.notes.append(f"{layer} holds {len(norms)} LayerNorms where a {stack} layer has "
@@ -293,7 +299,8 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
             out.weights[f"{stack}.norm.weight"] = out.weights[f"{stack}.norm.bias"] = None
             out.probes[f"{stack}.norm"] = None
             out.notes.append(f"{container} has no LayerNorm after its layers: {stack}.norm declared absent")
-    placed = {target.name if isinstance(target, Param) else target for target in out.weights.values() if target}
+    placed = {target.name if isinstance(target, Param) else target
+              for target in out.weights.values() if target}
     first_name = {id(p): n for n, p in params.items()}
     every = dict(model.named_parameters(remove_duplicate=False))
     placed = {first_name.get(id(every.get(t)), t) for t in placed}
@@ -373,7 +380,8 @@ def weight_patterns(found: Draft) -> dict:
 
 def probe_patterns(found: Draft) -> dict:
     general = _generalise(found.probes, found.layers)
-    return {point: probe.module if isinstance(probe, Probe) and probe.call == 0 and probe.item is None else probe
+    return {point: (probe.module if isinstance(probe, Probe) and probe.call == 0 and probe.item is None
+                    else probe)
             for point, probe in general.items()}
 
 

@@ -35,7 +35,8 @@ def mode_checks(mode: str, masked_against: str) -> list[str]:
     return [*(f"forward {dtype} {mode} S={s} T={t}"
               for dtype, s, t in (("float64", 7, 5), ("float64", 4, 9), ("float32", 7, 5))),
             f"gradients float64 {mode}", f"3 Adam steps float64 {mode} (losses)",
-            f"dropout sites {mode} (train mode, p=0.3)", f"fully masked source row {mode} vs {masked_against}"]
+            f"dropout sites {mode} (train mode, p=0.3)",
+            f"fully masked source row {mode} vs {masked_against}"]
 
 
 def first_forward_case(against: str = REFERENCE) -> Case:

@@ -70,7 +70,8 @@ DEVIATIONS = {
         'first divergence: encoder.norm (max |Δ| 3.6)'),
     'no final LayerNorms, probe map None': (
         f"{FIXTURES}.blocks:NoFinalNormsUnprobed", 1,
-        "first divergence: encoder.norm (absent in NoFinalNormsUnprobed: compared at model.encoder's output; max |Δ| 3.6)"),
+        "first divergence: encoder.norm (absent in NoFinalNormsUnprobed: compared at model.encoder's output; "
+        "max |Δ| 3.6)"),
     'dropout not wired through to attention': (
         f"{FIXTURES}.sublayers:UnwiredDropout", 1,
         'encoder.layers.0.self_attn.dropout (Dropout(p=0.1, inplace=False)) still drops'),
@@ -115,7 +116,8 @@ DEVIATIONS = {
         'protocol: forward only (it defines encode and decode but no project)'),
     'decode(memory, src_mask, tgt, tgt_mask)': (
         f"{FIXTURES}.blocks:MemoryFirstDecode", 2,
-        'MemoryFirstDecode.decode takes (encoder_output, src_mask, tgt, tgt_mask), but the suite calls decode(tgt, memory, src_mask, tgt_mask)'),
+        'MemoryFirstDecode.decode takes (encoder_output, src_mask, tgt, tgt_mask), '
+        'but the suite calls decode(tgt, memory, src_mask, tgt_mask)'),
     'decode(trg_token_ids_batch, src_representations_batch, trg_mask, src_mask)': (
         f"{FIXTURES}.tokens:TutorialDecodeOrder", 2,
         'but the suite calls decode(tgt, memory, src_mask, tgt_mask)'),

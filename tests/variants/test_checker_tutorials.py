@@ -63,7 +63,8 @@ def test_the_agrees_to_bound_is_never_larger_than_the_divergence_named():
                    PointDifference("b", 2.8e-6, rounding=1e-6, float32_seen=True),  # rounding: 2.8 < 4 x 1
                    PointDifference("c", 2e-6, rounding=1e-7, float32_seen=True)]  # past 4 x 1e-7
     assert first_divergence(differences, 1e-10) == (
-        "first divergence: c (max |Δ| 2e-06); every point before it is within float32 rounding (up to 2.8e-06)")
+        "first divergence: c (max |Δ| 2e-06); every point before it is within float32 rounding "
+        "(up to 2.8e-06)")
     # without evidence of float32 on the path, b is the divergence itself
     differences[1] = PointDifference("b", 2.8e-6, rounding=1e-6, float32_seen=False)
     assert first_divergence(differences, 1e-10).startswith("first divergence: b (max |Δ| 2.8e-06)")
@@ -145,10 +146,11 @@ def test_a_flat_output_fails_the_forward_in_one_line_and_the_training_checks_go_
     results = {r.check: r for r in run_battery(f"{FIXTURES}.residual:Flat", config=SMALL, modes=("post",))}
     first = results["forward float64 post-norm S=7 T=5"]
     assert first.passed is False
-    assert first.detail == ("shape (15, 19), expected (3, 5, 19); hint: a flat (B·T, V) output: return (B, T, V) "
-                            "log-probabilities, e.g. log_probs.view(3, 5, -1) for this batch (the gradient and "
-                            "training checks reshape it to go on)")
-    assert results["gradients float64 post-norm"].passed and results["3 Adam steps float64 post-norm (losses)"].passed
+    assert first.detail == ("shape (15, 19), expected (3, 5, 19); hint: a flat (B·T, V) output: "
+                            "return (B, T, V) log-probabilities, e.g. log_probs.view(3, 5, -1) for this "
+                            "batch (the gradient and training checks reshape it to go on)")
+    assert (results["gradients float64 post-norm"].passed
+            and results["3 Adam steps float64 post-norm (losses)"].passed)
 
 
 def test_masks_a_decoder_reads_swapped_are_found_by_trying_the_swap():
@@ -160,9 +162,9 @@ def test_masks_a_decoder_reads_swapped_are_found_by_trying_the_swap():
 
 
 def test_tied_weights_are_named_and_checked_with_share_embeddings(capsys):
-    with pytest.raises(SpecError, match=r"hint: the model ties weights \(decoder_generator\.linear\.weight is "
-                                        r"trg_embedding\.embeddings_table\.weight, one tensor\): check a tied "
-                                        r"model against the tied reference with --share-embeddings"):
+    with pytest.raises(SpecError, match=r"hint: the model ties weights \(decoder_generator\.linear\.weight "
+                                        r"is trg_embedding\.embeddings_table\.weight, one tensor\): check a "
+                                        r"tied model against the tied reference with --share-embeddings"):
         build(f"{FIXTURES}.tokens:Tied", PRE)
     tied = PRE.replace(n_layers=1, share_embeddings=True, tgt_vocab_size=PRE.src_vocab_size)
     results = run_battery(f"{FIXTURES}.tokens:Tied", config=tied, modes=("pre",))
@@ -241,7 +243,8 @@ def test_suggest_maps_prints_python_that_builds(capsys):
     text = capsys.readouterr().out
     namespace: dict = {"Probe": Probe}
     exec(text, namespace)  # noqa: S102 - the printed draft is Python to paste
-    pasted = type("Pasted", (tutorial.Transformer,), {"__module__": __name__, "weight_map": namespace["weight_map"],
+    pasted = type("Pasted", (tutorial.Transformer,), {"__module__": __name__,
+                                                     "weight_map": namespace["weight_map"],
                                                      "probe_map": namespace["probe_map"]})
     globals()["Pasted"] = pasted
     assert len(namespace["weight_map"]) <= 21 and len(namespace["probe_map"]) <= 12
@@ -259,8 +262,8 @@ def test_a_class_without_maps_gets_them_inferred_and_said_so(capsys):
 def test_what_the_draft_cannot_place_is_marked():
     found = draft(interfaced(residual.HardWiredWidth)(SMALL), SMALL)
     text = as_python(found, SMALL, "HardWiredWidth")
-    assert "# note: the feed-forward is 2048 wide (encoder.layer_stack.0), the config's d_ff 128: pass --d-ff " \
-           "2048" in text
+    assert "# note: the feed-forward is 2048 wide (encoder.layer_stack.0), the config's d_ff 128: " \
+           "pass --d-ff 2048" in text
     assert "# TODO: not placed: encoder.layers.0.ff.w1.weight" in text
     assert not any(point.endswith(".ff") for point in probe_patterns(found))  # not guessed either
 
