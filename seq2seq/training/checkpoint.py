@@ -4,22 +4,17 @@
     checkpoint = load_checkpoint(latest_checkpoint("runs/a"))
     model = build_model(load("average.pt"), variant="fused")
 
-A **checkpoint** holds the canonical weights (``common.weights``), Adam's state, the schedule's
-step, the RNG states (per process: torch's CPU generator and, on CUDA, the device's; once: the
-batch stream's), the config, the variant's name and the run's other settings. A **model file**
-(what ``python -m seq2seq.average`` writes) holds the variant name, config, settings, weights and
-a translation model's subword vocabulary (``vocabulary``; ``None`` in files without it). Every
-checkpoint is a model file, and any variant loads either (``build_model``).
+A **model file** (``ModelFile``, what ``python -m seq2seq.average`` writes) holds a trained model
+in canonical form, which any variant loads (``build_model``); a **checkpoint** adds what the run's
+next step depends on (Adam, the schedule, the RNG states).
 
-Files are ``torch.save`` archives of plain data (dicts, lists, tuples, tensors, strings, numbers,
-None) read with ``torch.load(weights_only=True)``, so no pickled code runs; ``save`` refuses what
-``load`` could not read back, before writing. Writing is atomic (a temporary file beside the
-target, fsync'd, ``os.replace``d, the directory fsync'd); a temporary file left by a killed
-writer is removed by the next ``save`` there. Reading is strict: the format's marker, version,
-every field with its type, and the SHA-256 digest of the contents recorded at save time (torch's
-reader does not notice a flipped byte inside a tensor); anything else is a ``ValueError`` naming
-the file, before anything is loaded into a model. Whether a checkpoint belongs to the run that
-resumes from it is ``check_resumable``'s one question.
+Files are ``torch.save`` archives of plain data read with ``torch.load(weights_only=True)``, so no
+pickled code runs; ``save`` refuses what ``load`` could not read back, before writing. Writing is
+atomic (a temporary file beside the target, fsync'd, ``os.replace``d, the directory fsync'd); the
+next ``save`` there removes a temporary file a killed writer left. Reading checks the format's
+marker, version and kind and the SHA-256 digest recorded at save time (torch's reader does not
+notice a flipped byte inside a tensor): anything else is a ``ValueError`` naming the file.
+``check_resumable`` says whether a checkpoint belongs to the run that resumes from it.
 """
 
 from __future__ import annotations
@@ -93,36 +88,12 @@ def save(record: ModelFile, path: str | os.PathLike) -> Path:
     for field in dataclasses.fields(record):
         value = getattr(record, field.name)
         payload[field.name] = dataclasses.asdict(value) if field.name == "config" else value
-    # what load would refuse is refused here, before anything is written
-    problems = _unreadable(payload)
+    problems: list[str] = []  # what load would refuse is refused here, before anything is written
+    payload["digest"] = _digest(payload, problems)
     if problems:
         raise ValueError(f"cannot save {path}; load could not read it back:\n  " + "\n  ".join(problems))
-    payload["digest"] = _digest(payload)
     _write_atomically(payload, path)
     return path
-
-
-def _unreadable(value: object, where: str = "") -> list[str]:
-    """Every value inside ``value`` that ``torch.load(weights_only=True)`` would not read back
-    (anything but ``_PLAIN`` types and plain tensors), each by where it sits. The fields'
-    own types are the callers' (the trainer and averaging build the records)."""
-    if isinstance(value, Tensor):
-        if type(value) not in (Tensor, nn.Parameter):
-            return [f"{where}: a {type(value).__name__}, a tensor subclass"]
-        return [f"{where}: a meta tensor, which holds no values"] if value.is_meta else []
-    if type(value) not in _PLAIN:
-        return [f"{where}: {type(value).__module__}.{type(value).__qualname__} {value!r} is not plain "
-                "data (dict, list, tuple, str, int, float, bool, None or a tensor)"]
-    if isinstance(value, dict):
-        problems = [f"{where}: key {key!r} of type {type(key).__name__} (keys must be str, int, float "
-                    "or bool)" for key in value if type(key) not in (str, int, float, bool)]
-        for key, item in value.items():
-            problems += _unreadable(item, f"{where}[{key!r}]" if where else str(key))
-        return problems
-    if isinstance(value, (list, tuple)):
-        return [problem for index, item in enumerate(value)
-                for problem in _unreadable(item, f"{where}[{index}]")]
-    return []
 
 
 def _write_atomically(payload: object, path: Path) -> None:
@@ -155,45 +126,54 @@ def _remove_stale_temporaries(directory: Path) -> None:
     if os.name != "posix":
         return
     for entry in directory.iterdir():
-        match = _TEMPORARY_NAME.fullmatch(entry.name)
-        if match and not _running(int(match.group(1))):
-            with contextlib.suppress(FileNotFoundError):
-                entry.unlink()
+        if match := _TEMPORARY_NAME.fullmatch(entry.name):
+            try:
+                os.kill(int(match.group(1)), 0)  # signal 0 probes; another user's process refuses it
+            except ProcessLookupError:  # the writer is gone
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+            except PermissionError:
+                pass
 
 
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` exists (signal 0 probes; another user's process refuses it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _digest(payload: Mapping[str, object], problems: list[str] | None = None) -> str:
+    """SHA-256 over every field but ``digest``: tensors by dtype, shape and bytes, the rest by repr.
 
-
-def _digest(payload: Mapping[str, object]) -> str:
-    """SHA-256 over every field but ``digest``: tensors by dtype, shape and bytes, the rest by repr."""
+    ``problems`` collects, by where it sits, each value ``torch.load(weights_only=True)`` would not
+    read back (anything but ``_PLAIN`` types and plain tensors); such values are not hashed.
+    """
     hasher = hashlib.sha256()
+    found = [] if problems is None else problems
 
-    def feed(item: object) -> None:
+    def feed(item: object, where: str) -> None:
         if isinstance(item, Tensor):
-            hasher.update(f"tensor {item.dtype} {tuple(item.shape)}:".encode())
-            hasher.update(item.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-        elif isinstance(item, Mapping):
+            if type(item) not in (Tensor, nn.Parameter):
+                found.append(f"{where}: a {type(item).__name__}, a tensor subclass")
+            elif item.is_meta:
+                found.append(f"{where}: a meta tensor, which holds no values")
+            else:
+                hasher.update(f"tensor {item.dtype} {tuple(item.shape)}:".encode())
+                hasher.update(item.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+        elif type(item) not in _PLAIN:
+            found.append(f"{where}: {type(item).__module__}.{type(item).__qualname__} {item!r} is not plain "
+                         "data (dict, list, tuple, str, int, float, bool, None or a tensor)")
+        elif isinstance(item, dict):
+            found.extend(f"{where}: key {key!r} of type {type(key).__name__} (keys must be str, int, float "
+                         "or bool)" for key in item if type(key) not in (str, int, float, bool))
             hasher.update(b"{")
             for key in sorted(item, key=repr):
-                feed(key), feed(item[key])
+                hasher.update(f"{type(key).__name__} {key!r};".encode())
+                feed(item[key], f"{where}[{key!r}]" if where else str(key))
             hasher.update(b"}")
         elif isinstance(item, (list, tuple)):
             hasher.update(b"[" if isinstance(item, list) else b"(")
-            for element in item:
-                feed(element)
+            for index, element in enumerate(item):
+                feed(element, f"{where}[{index}]")
             hasher.update(b"]")
         else:
             hasher.update(f"{type(item).__name__} {item!r};".encode())
 
-    feed({key: value for key, value in payload.items() if key != "digest"})
+    feed({key: value for key, value in payload.items() if key != "digest"}, "")
     return hasher.hexdigest()
 
 
@@ -213,10 +193,16 @@ def load(path: str | os.PathLike) -> ModelFile:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # torch.load raises many kinds for a damaged archive; its text is not shown
         raise ValueError(f"{path} is not a readable checkpoint {_why_unreadable(path)}") from None
-    # the digest proves the fields are what save checked and wrote
-    problem = _header_problem(payload)
-    if problem is None and payload.get("digest") != _digest(payload):
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        problem = f"not a {FORMAT} file (no format marker)"
+    elif payload.get("version") != VERSION:
+        problem = f"format version {payload.get('version')!r}; this code reads version {VERSION}"
+    elif payload.get("kind") not in _KINDS:
+        problem = f"unknown kind {payload.get('kind')!r}; expected one of {', '.join(_KINDS)}"
+    elif payload.get("digest") != _digest(payload):  # the fields are what save checked and wrote
         problem = "contents differ from the digest recorded when it was written (corrupt)"
+    else:
+        problem = None
     if problem is not None:
         raise ValueError(f"{path} is not a usable checkpoint:\n  {problem}")
     kind = _KINDS[payload["kind"]]
@@ -251,17 +237,6 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if not isinstance(record, Checkpoint):
         raise ValueError(f"{path} is a model file (weights only), not a checkpoint to resume from")
     return record
-
-
-def _header_problem(payload: object) -> str | None:
-    """Why an archive is not a file of this format, version and kind, or None."""
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        return f"not a {FORMAT} file (no format marker)"
-    if payload.get("version") != VERSION:
-        return f"format version {payload.get('version')!r}; this code reads version {VERSION}"
-    if payload.get("kind") not in _KINDS:
-        return f"unknown kind {payload.get('kind')!r}; expected one of {', '.join(_KINDS)}"
-    return None
 
 
 # --- using ---------------------------------------------------------------------------------

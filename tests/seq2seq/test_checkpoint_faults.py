@@ -45,6 +45,18 @@ def test_what_save_accepts_load_reads_back(tmp_path):
     assert load(path).settings == settings
 
 
+def test_a_renamed_key_or_a_changed_value_is_refused_as_corrupt(tmp_path):
+    """The digest covers the keys as well as the values: a file edited after it was written, with
+    its digest left as it was, is refused."""
+    path = save(model_file(data={"task": "copy"}), tmp_path / "m.pt")
+    for edit in ({"task_": "copy"}, {"task": "reverse"}):
+        payload = torch.load(path, weights_only=True)
+        payload["settings"]["data"] = edit
+        torch.save(payload, tmp_path / "edited.pt")
+        with pytest.raises(ValueError, match="contents differ from the digest recorded when it was written"):
+            load(tmp_path / "edited.pt")
+
+
 def test_load_of_random_bytes_gives_no_unsafe_advice(tmp_path):
     path = tmp_path / "noise.pt"
     path.write_bytes(bytes(range(256)) * 8)
