@@ -47,7 +47,7 @@ from common.probes import (
 )
 from common.weights import canonical_shapes, export_gradients, export_weights, import_weights, init_canonical
 from variants import REFERENCE, SpecError, build, sites
-from variants.outside import ABSENT, NORM_MODES, SIGNATURES, absent_weights, own_stage
+from variants.outside import NORM_MODES, SIGNATURES, absent_weights, own_stage
 
 # whose output is a fully masked row's expected value (the reference's is NaN there, by design):
 # the first, or the second when the first is the one under check

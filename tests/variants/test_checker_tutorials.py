@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from common.batches import random_batch
 from common.probes import PointDifference, Probe, first_divergence, precision_notes
 from common.weights import Param, canonical_shapes, match_patterns
-from tests.fixtures.outside import blocks, residual, sublayers, tokens, tutorial
+from tests.fixtures.outside import blocks, residual, sublayers, tutorial
 from variants import REFERENCE, SpecError, build, variant_class
 from variants.battery import (
     CONFIG,
@@ -242,7 +242,7 @@ def test_suggest_maps_prints_python_that_builds(capsys):
     assert main([f"{FIXTURES}.tutorial:Transformer", "--suggest-maps", "--norm", "post"]) == 0
     text = capsys.readouterr().out
     namespace: dict = {"Probe": Probe}
-    exec(text, namespace)  # noqa: S102 - the printed draft is Python to paste
+    exec(text, namespace)
     pasted = type("Pasted", (tutorial.Transformer,), {"__module__": __name__,
                                                      "weight_map": namespace["weight_map"],
                                                      "probe_map": namespace["probe_map"]})
