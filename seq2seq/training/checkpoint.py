@@ -66,7 +66,6 @@ class Checkpoint(ModelFile):
 
 
 _KINDS = {"model": ModelFile, "checkpoint": Checkpoint}
-_OPTIONAL = {"vocabulary": None}  # field -> its value in a file that lacks it (an older file)
 # what torch.load(weights_only=True) reads back, besides tensors: exactly these types
 _PLAIN = (dict, list, tuple, str, int, float, bool, type(None))
 # the temporary file of a write: .NAME.PID.RANDOM.tmp (PID: the writing process)
@@ -83,11 +82,10 @@ def save(record: ModelFile, path: str | os.PathLike) -> Path:
     if not isinstance(record.config, TransformerConfig):
         raise TypeError(f"record.config must be a TransformerConfig, got {type(record.config).__name__}")
     path = Path(path)
-    payload: dict[str, object] = {"format": FORMAT, "version": VERSION,
-                                  "kind": "checkpoint" if isinstance(record, Checkpoint) else "model"}
-    for field in dataclasses.fields(record):
-        value = getattr(record, field.name)
-        payload[field.name] = dataclasses.asdict(value) if field.name == "config" else value
+    kind = "checkpoint" if isinstance(record, Checkpoint) else "model"
+    payload = {"format": FORMAT, "version": VERSION, "kind": kind, **{
+        field.name: getattr(record, field.name) for field in dataclasses.fields(record)},
+        "config": dataclasses.asdict(record.config)}
     problems: list[str] = []  # what load would refuse is refused here, before anything is written
     payload["digest"] = _digest(payload, problems)
     if problems:
@@ -98,7 +96,16 @@ def save(record: ModelFile, path: str | os.PathLike) -> Path:
 
 def _write_atomically(payload: object, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(path.parent)
+    # a temporary file whose writer (the process id in its name) no longer runs on this machine
+    # will never be renamed into place: it goes (POSIX only)
+    for entry in path.parent.iterdir() if os.name == "posix" else ():
+        if match := _TEMPORARY_NAME.fullmatch(entry.name):
+            try:
+                os.kill(int(match.group(1)), 0)  # signal 0 probes; another user's process refuses it
+            except ProcessLookupError:  # the writer is gone
+                entry.unlink(missing_ok=True)
+            except PermissionError:
+                pass
     # a fresh name beside the target (so os.replace never crosses file systems), opened with
     # the usual permissions, unlike tempfile.mkstemp's 0600
     temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -118,22 +125,6 @@ def _write_atomically(payload: object, path: Path) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
-
-
-def _remove_stale_temporaries(directory: Path) -> None:
-    """Delete the temporary files in ``directory`` whose writer (the process id in the name) no
-    longer runs on this machine: they will never be renamed into place. POSIX only."""
-    if os.name != "posix":
-        return
-    for entry in directory.iterdir():
-        if match := _TEMPORARY_NAME.fullmatch(entry.name):
-            try:
-                os.kill(int(match.group(1)), 0)  # signal 0 probes; another user's process refuses it
-            except ProcessLookupError:  # the writer is gone
-                with contextlib.suppress(FileNotFoundError):
-                    entry.unlink()
-            except PermissionError:
-                pass
 
 
 def _digest(payload: Mapping[str, object], problems: list[str] | None = None) -> str:
@@ -191,8 +182,15 @@ def load(path: str | os.PathLike) -> ModelFile:
         raise FileNotFoundError(f"no checkpoint or model file at {path}")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # torch.load raises many kinds for a damaged archive; its text is not shown
-        raise ValueError(f"{path} is not a readable checkpoint {_why_unreadable(path)}") from None
+    except Exception:  # torch.load raises many kinds for a damaged archive; its text is not shown,
+        # since it advises loading again with weights_only=False, which would run the file's code
+        try:  # the names of the classes and functions the file would need to run, if it is an archive
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)  # torch >= 2.5
+        except Exception:  # not an archive at all (truncated, or something else), or torch 2.4
+            unsafe = []
+        why = (f"(it holds a {unsafe[0]}, which is not plain data; it is not loaded, since loading it "
+               "would run code from the file)" if unsafe else "(truncated or corrupt?)")
+        raise ValueError(f"{path} is not a readable checkpoint {why}") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         problem = f"not a {FORMAT} file (no format marker)"
     elif payload.get("version") != VERSION:
@@ -206,8 +204,8 @@ def load(path: str | os.PathLike) -> ModelFile:
     if problem is not None:
         raise ValueError(f"{path} is not a usable checkpoint:\n  {problem}")
     kind = _KINDS[payload["kind"]]
-    fields = {field.name: payload.get(field.name, _OPTIONAL.get(field.name))
-              for field in dataclasses.fields(kind)}
+    # a field a file lacks is None: the vocabulary, in files written before it existed
+    fields = {field.name: payload.get(field.name) for field in dataclasses.fields(kind)}
     try:
         fields["config"] = TransformerConfig(**fields["config"])
     except (TypeError, ValueError) as error:
@@ -215,20 +213,6 @@ def load(path: str | os.PathLike) -> ModelFile:
     if kind is Checkpoint:
         fields["rng"] = tuple(fields["rng"])
     return kind(**fields)
-
-
-def _why_unreadable(path: Path) -> str:
-    """Why the safe reader refused ``path``, in this project's words: torch's own message advises
-    loading it again with ``weights_only=False``, which would run whatever code the file holds,
-    so it is never passed on."""
-    try:  # the names of the classes and functions the file would need to run, if it is an archive
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)  # torch >= 2.5
-    except Exception:  # not an archive at all (truncated, or something else), or torch 2.4
-        unsafe = []
-    if unsafe:
-        return (f"(it holds a {unsafe[0]}, which is not plain data; it is not loaded, since loading "
-                "it would run code from the file)")
-    return "(truncated or corrupt?)"
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -249,11 +233,10 @@ def check_resumable(checkpoint: Checkpoint, *, variant: str, config: Transformer
     Resuming needs the same variant, config and settings, and as many processes: each process
     keeps its own dropout RNG stream.
     """
-    problems = []
-    if checkpoint.variant != variant:
-        problems.append(f"variant: checkpoint {checkpoint.variant!r}, this run {variant!r}")
-    problems += _differences("config", dataclasses.asdict(checkpoint.config), dataclasses.asdict(config))
-    problems += _differences("settings", checkpoint.settings, settings)
+    stored = {"variant": checkpoint.variant, "config": dataclasses.asdict(checkpoint.config),
+              "settings": checkpoint.settings}
+    problems = _differences("", stored, {"variant": variant, "config": dataclasses.asdict(config),
+                                         "settings": settings})
     if len(checkpoint.rng) != processes:
         problems.append(f"processes: checkpoint written by {len(checkpoint.rng)}, this run has "
                         f"{processes} (each process keeps its own dropout RNG stream)")
@@ -262,14 +245,15 @@ def check_resumable(checkpoint: Checkpoint, *, variant: str, config: Transformer
 
 
 def _differences(prefix: str, stored: Mapping[str, object], current: Mapping[str, object]) -> list[str]:
-    """'prefix.key: checkpoint X, this run Y' for each key whose values differ, nested dicts by key."""
+    """'prefix.key: checkpoint X, this run Y' for each key whose values differ, nested dicts by key
+    (``prefix`` ends with its dot)."""
     found = []
     for key in sorted({*stored, *current}, key=str):
         mine, theirs = stored.get(key), current.get(key)
         if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
-            found += _differences(f"{prefix}.{key}", mine, theirs)
+            found += _differences(f"{prefix}{key}.", mine, theirs)
         elif mine != theirs:
-            found.append(f"{prefix}.{key}: checkpoint {mine!r}, this run {theirs!r}")
+            found.append(f"{prefix}{key}: checkpoint {mine!r}, this run {theirs!r}")
     return found
 
 
