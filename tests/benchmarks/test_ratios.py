@@ -16,7 +16,7 @@ from benchmarks.ratios import paired_ratio, round_orders
 from benchmarks.render import SAME_MARK, render
 from benchmarks.run import CONTROL, run
 from tests.benchmarks.test_busy_cores import BUSY_CORES, report_with, table_cells
-from tests.benchmarks.test_compare import tiny_settings
+from tests.benchmarks.test_compare import FAST, run_compare, tiny_settings
 
 # --- the statistic and its interval -------------------------------------------------------------
 
@@ -197,3 +197,19 @@ def test_pooled_processes_concatenate_rounds_and_resample_by_process():
     assert pooled["blocks"][0]["rounds"]["process"] == [0] * 6 + [1] * 6
     assert "  12 rounds from 2 processes, rows in a fresh order each (seeds 0, 1); 0 of them on busy cores" \
         in render(pooled, "github").splitlines()
+
+
+@pytest.mark.slow  # two fresh interpreters, each a short tiny run (about 20 s)
+def test_processes_pool_fresh_interpreters_end_to_end(tmp_path):
+    output = tmp_path / "pooled.json"
+    done = run_compare(*FAST, "--rounds", "2", "--variants", "explicit", "torch", "--processes", "2",
+                       "--format", "json", "--output", str(output))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(output.read_text())
+    (block,) = report["blocks"]
+    assert report["meta"]["processes"] == 2 and block["rounds"]["seed"] == [0, 1]
+    assert block["rounds"]["process"] == [0, 0, 1, 1]
+    explicit = next(row for row in block["rows"] if row["variant"] == "explicit")
+    assert explicit["forward_rounds_process"] == [0, 0, 1, 1] and len(explicit["forward_rounds_s"]) == 4
+    low, value, high = (explicit[f"forward_vs_torch{end}"] for end in ("_low", "", "_high"))
+    assert low <= value <= high
