@@ -12,7 +12,8 @@ from pathlib import Path
 
 from common.cli import Parser, file_problem, one_line, positive
 from seq2seq.training.averaging import average_files
-from seq2seq.training.checkpoint import list_checkpoints, save
+from seq2seq.training.checkpoint import save
+from seq2seq.training.run import list_checkpoints
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,10 +30,9 @@ from seq2seq.data.ids import PAD_ID
 from seq2seq.data.tasks import TaskBatches, TaskData
 from seq2seq.evaluation import accuracy_line, held_out_accuracy, loss_line
 from seq2seq.training import distributed, run
-from seq2seq.training.checkpoint import list_checkpoints
 from seq2seq.training.distributed import World
 from seq2seq.training.recipe import Recipe
-from seq2seq.training.run import RunError, RunSettings
+from seq2seq.training.run import RunError, RunSettings, list_checkpoints
 from seq2seq.translation import PRESETS, run_translation
 from variants import VARIANTS
 

@@ -1,7 +1,7 @@
 """Checkpoints that resume a run exactly, and model files that any variant loads.
 
-    save(checkpoint, checkpoint_path("runs/a", checkpoint.step))   # runs/a/step-00000300.pt
-    checkpoint = load_checkpoint(latest_checkpoint("runs/a"))
+    save(checkpoint, "runs/a/step-00000300.pt")   # a run's names: seq2seq.training.run.checkpoint_path
+    checkpoint = load_checkpoint("runs/a/step-00000300.pt")
     model = build_model(load("average.pt"), variant="fused")
 
 A **model file** (``ModelFile``, what ``python -m seq2seq.average`` writes) holds a trained model
@@ -38,7 +38,6 @@ from variants import build
 
 FORMAT = "transformer-variants"  # the marker every file written here carries
 VERSION = 1
-_CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")
 
 
 @dataclass(frozen=True)
@@ -262,29 +261,3 @@ def build_model(record: ModelFile, variant: str | None = None) -> nn.Module:
     model = build(record.variant if variant is None else variant, record.config)
     import_weights(model, record.weights, config=record.config)
     return model
-
-
-# --- where they live -------------------------------------------------------------------------
-
-
-def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
-    """``directory/step-00000300.pt``: the name sorts by step."""
-    return Path(directory) / f"step-{step:08d}.pt"
-
-
-def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """The ``step-*.pt`` files in ``directory``, oldest step first (none if it does not exist)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [(int(match.group(1)), path) for path in directory.iterdir()
-             if (match := _CHECKPOINT_NAME.fullmatch(path.name))]
-    return [path for _, path in sorted(found)]
-
-
-def latest_checkpoint(directory: str | os.PathLike) -> Path:
-    """The checkpoint of the highest step in ``directory``; ``ValueError`` if it holds none."""
-    found = list_checkpoints(directory)
-    if not found:
-        raise ValueError(f"no checkpoint (step-*.pt) in {directory}")
-    return found[-1]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,20 +26,43 @@ import torch
 from tqdm import tqdm
 
 from common.cli import one_line
-from seq2seq.training.checkpoint import (
-    Checkpoint,
-    checkpoint_path,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    save,
-)
+from seq2seq.training.checkpoint import Checkpoint, load_checkpoint, save
 from seq2seq.training.distributed import SINGLE, World
 from seq2seq.training.recipe import Recipe, StepReport
 from seq2seq.training.trainer import Trainer, seed_dropout
 from variants import build
 
 OnStep = Callable[[StepReport], None]
+CHECKPOINT_NAME = re.compile(r"step-(\d+)\.pt")  # the name of a run's checkpoint: its step
+
+
+# --- where a run's checkpoints live ------------------------------------------------------
+
+
+def checkpoint_path(directory: str | os.PathLike, step: int) -> Path:
+    """``directory/step-00000300.pt``: the name sorts by step."""
+    return Path(directory) / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The ``step-*.pt`` files in ``directory``, oldest step first (none if it does not exist)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(match.group(1)), path) for path in directory.iterdir()
+             if (match := CHECKPOINT_NAME.fullmatch(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path:
+    """The checkpoint of the highest step in ``directory``; ``ValueError`` if it holds none."""
+    found = list_checkpoints(directory)
+    if not found:
+        raise ValueError(f"no checkpoint (step-*.pt) in {directory}")
+    return found[-1]
+
+
+# --- the run ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -14,17 +14,9 @@ from seq2seq import average, decode
 from seq2seq import train as train_cli
 from seq2seq.data.tasks import task_batches
 from seq2seq.training.averaging import average_files, average_weights
-from seq2seq.training.checkpoint import (
-    ModelFile,
-    build_model,
-    checkpoint_path,
-    latest_checkpoint,
-    list_checkpoints,
-    load,
-    load_checkpoint,
-    save,
-)
+from seq2seq.training.checkpoint import ModelFile, build_model, load, load_checkpoint, save
 from seq2seq.training.recipe import Recipe
+from seq2seq.training.run import checkpoint_path, latest_checkpoint, list_checkpoints
 from seq2seq.training.trainer import Trainer
 from tests.helpers import small_config
 from variants import build

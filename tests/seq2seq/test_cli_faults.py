@@ -14,7 +14,8 @@ import torch
 
 from common.config import TransformerConfig
 from common.weights import export_weights
-from seq2seq.training.checkpoint import ModelFile, checkpoint_path, save
+from seq2seq.training.checkpoint import ModelFile, save
+from seq2seq.training.run import checkpoint_path
 from variants import build
 
 ROOT = Path(__file__).resolve().parents[2]

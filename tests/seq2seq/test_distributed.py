@@ -22,14 +22,7 @@ import torch.multiprocessing as mp
 from common.batches import random_batch
 from common.weights import export_weights
 from seq2seq.data.tasks import task_batches
-from seq2seq.training.checkpoint import (
-    build_model,
-    checkpoint_path,
-    list_checkpoints,
-    load,
-    load_checkpoint,
-    save,
-)
+from seq2seq.training.checkpoint import build_model, load, load_checkpoint, save
 from seq2seq.training.distributed import (
     SINGLE,
     World,
@@ -42,6 +35,7 @@ from seq2seq.training.distributed import (
     sum_over_ranks,
 )
 from seq2seq.training.recipe import Recipe
+from seq2seq.training.run import checkpoint_path, list_checkpoints
 from seq2seq.training.trainer import Trainer, seed_dropout, train
 from tests.helpers import small_config
 from variants import VARIANTS, build

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from seq2seq import train as train_cli
-from seq2seq.training.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+from seq2seq.training.checkpoint import load_checkpoint
+from seq2seq.training.run import checkpoint_path, list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 OPTIONS = ["--variant", "explicit", "--task", "copy", "--batch", "4", "--d-model", "16", "--heads", "2",

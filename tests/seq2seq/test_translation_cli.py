@@ -19,9 +19,9 @@ from common.weights import export_weights
 from seq2seq import average, train, translate, translation
 from seq2seq.data.corpus import CorpusSettings, load_corpus
 from seq2seq.data.subwords import Vocabulary
-from seq2seq.training.checkpoint import ModelFile, list_checkpoints, load, save
+from seq2seq.training.checkpoint import ModelFile, load, save
 from seq2seq.training.recipe import StepReport
-from seq2seq.training.run import progress_bar
+from seq2seq.training.run import list_checkpoints, progress_bar
 from variants import build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,16 +27,9 @@ from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import corpus_scores
 from seq2seq.training.averaging import average_files
-from seq2seq.training.checkpoint import (
-    ModelFile,
-    checkpoint_path,
-    list_checkpoints,
-    load,
-    load_checkpoint,
-    save,
-)
+from seq2seq.training.checkpoint import ModelFile, load, load_checkpoint, save
 from seq2seq.training.recipe import StepReport
-from seq2seq.training.run import progress_bar
+from seq2seq.training.run import checkpoint_path, list_checkpoints, progress_bar
 from seq2seq.translation import TranslationModel, training_sentences
 from tests.seq2seq.test_translation_cli import TINY_MODEL, one_line_error
 from variants import build
