@@ -1,20 +1,15 @@
 """Checkpoints that resume a run exactly, and model files that any variant loads.
 
-    save(checkpoint, "runs/a/step-00000300.pt")   # a run's names: seq2seq.training.run.checkpoint_path
-    checkpoint = load_checkpoint("runs/a/step-00000300.pt")
+    save(trainer.checkpoint("explicit"), "runs/a/step-00000300.pt")
     model = build_model(load("average.pt"), variant="fused")
 
-A **model file** (``ModelFile``, what ``python -m seq2seq.average`` writes) holds a trained model
-in canonical form, which any variant loads (``build_model``); a **checkpoint** adds what the run's
-next step depends on (Adam, the schedule, the RNG states).
-
-Files are ``torch.save`` archives of plain data read with ``torch.load(weights_only=True)``, so no
-pickled code runs; ``save`` refuses what ``load`` could not read back, before writing. Writing is
-atomic (a temporary file beside the target, fsync'd, ``os.replace``d, the directory fsync'd); the
-next ``save`` there removes a temporary file a killed writer left. Reading checks the format's
+A model file (what ``python -m seq2seq.average`` writes) holds a trained model in canonical form; a
+checkpoint adds what the run's next step depends on. Files are archives of plain data read with
+``torch.load(weights_only=True)`` (no pickled code runs); ``save`` refuses what ``load`` could not
+read back, and writes atomically (a temporary file beside the target, fsync'd, ``os.replace``d, the
+directory fsync'd; the next save removes one a killed writer left). ``load`` checks the format's
 marker, version and kind and the SHA-256 digest recorded at save time (torch's reader does not
-notice a flipped byte inside a tensor): anything else is a ``ValueError`` naming the file.
-``check_resumable`` says whether a checkpoint belongs to the run that resumes from it.
+notice a flipped byte in a tensor); anything else is a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
