@@ -202,7 +202,7 @@ def test_checkpoint_of_another_number_of_processes_is_refused(tmp_path):
         fresh().restore(two, "explicit")
 
 
-@pytest.mark.parametrize("reason", ["corrupt", "mismatch"])
+@pytest.mark.parametrize("reason", ["corrupt", "mismatch", "done"])
 def test_cli_refuses_to_resume_and_touches_nothing(reason, tmp_path, capsys, monkeypatch):
     run_cli(train_cli, cli_options(tmp_path, "--steps", "2"), capsys, monkeypatch)
     extra = ["--d-ff", "24"] if reason == "mismatch" else []
@@ -210,10 +210,12 @@ def test_cli_refuses_to_resume_and_touches_nothing(reason, tmp_path, capsys, mon
         DAMAGES["truncated"](checkpoint_path(tmp_path, 2), None)
     before = files(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        train_cli.main(cli_options(tmp_path, "--steps", "4", "--resume", *extra))
+        steps = "2" if reason == "done" else "4"  # "done": the run is at its --steps already
+        train_cli.main(cli_options(tmp_path, "--steps", steps, "--resume", *extra))
     message = str(exit_info.value.code)
     assert message.startswith("python -m seq2seq.train: error: cannot resume from ")
-    named = "truncated or corrupt" if reason == "corrupt" else "config.d_ff: checkpoint 16, this run 24"
+    named = {"corrupt": "truncated or corrupt", "mismatch": "config.d_ff: checkpoint 16, this run 24",
+             "done": "it is at step 2; ask for more --steps to continue"}[reason]
     assert named in message
     assert files(tmp_path) == before
 

@@ -257,6 +257,16 @@ def test_a_fresh_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path, c
     assert load_checkpoint(checkpoint_path(directory, 2)).step == 2
 
 
+def test_a_translation_run_refuses_to_resume_from_a_task_runs_checkpoint(sample_corpus, tmp_path, capsys):
+    """Its model's ids mean the checkpoint's subword pieces: a checkpoint without them is refused."""
+    train.main(["--steps", "1", *SMALL_TASK, "--checkpoint-dir", str(tmp_path)])
+    capsys.readouterr()
+    err = one_line_error(capsys, lambda: train.main(
+        ["--task", "translate", "--data", str(sample_corpus.path), *TINY_MODEL, "--steps", "2",
+         "--checkpoint-dir", str(tmp_path), "--resume"]), code=1)
+    assert "cannot resume from " in err and "step-00000001.pt: it holds no subword vocabulary" in err, err
+
+
 @pytest.mark.parametrize(("keep", "left"), [(2, [5, 6]), (None, [2, 3, 4, 5, 6]), (0, [1, 2, 3, 4, 5, 6])])
 def test_only_the_newest_checkpoints_are_kept(tmp_path, capsys, keep, left):
     keep_option = [] if keep is None else ["--keep-checkpoints", str(keep)]
