@@ -7,7 +7,7 @@ difference from ``torch``. ``--wide`` shows every column; ``--all-decoders`` als
 decoding by full recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws
 the times.
 
-    python compare.py                                   # small preset, CPU, float32 (< 60 s)
+    python compare.py                                   # small preset, CPU, float32 (about a minute)
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
