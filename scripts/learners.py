@@ -3,6 +3,14 @@ the same batches, for the same steps; overlay their loss curves and tabulate wha
 
     python -m scripts.learners --data fra-eng.zip --steps 1000 --out runs/learners
     python -m scripts.learners --data fra-eng.zip --minutes 10 --out runs/learners --threads 2
+    python -m scripts.learners --data fra-eng.zip --steps 300 --seeds 0 1 2 --controls 1 --out runs/study
+
+With ``--seeds`` or ``--controls`` it runs the study instead: every row from each seed, and
+``--controls N`` more runs of each (row, seed) whose learning-rate factor is moved by k float32
+ulps for the k-th (``scripts.learners_study.perturbed_factor``: a change of rounding only), all
+for ``--steps`` steps. It writes ``study.json`` (every run's record) after each run; run again
+with the same ``--out`` and it skips the runs already recorded. At the end it prints the
+between-row against within-row spreads and the test of whether the rows differ.
 
 writes, in ``--out``, ``learners.json`` (every row in full: its loss and time per step, its
 translations of the test sentences) and ``learners.md`` (the table: validation loss, test BLEU
@@ -18,6 +26,7 @@ overridden by its option. A thin shell over ``scripts.learners_study``; the pict
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -34,7 +43,10 @@ from scripts.learners_study import (
     as_json,
     markdown_report,
     prepare,
+    run_key,
     run_learners,
+    run_study,
+    study_table,
 )
 from seq2seq.data.corpus import CorpusSettings
 from seq2seq.translation import PRESETS
@@ -42,6 +54,7 @@ from variants import VARIANTS
 
 PROG = "python -m scripts.learners"
 JSON_FILE, TABLE_FILE, PICTURE_FILE = "learners.json", "learners.md", "learners.png"
+STUDY_FILE = "study.json"
 # TranslationSettings field -> (option, its type): each defaults to the preset's value
 OVERRIDES = {"d_model": ("--d-model", int), "n_heads": ("--heads", int), "n_layers": ("--layers", int),
              "d_ff": ("--d-ff", int), "dropout": ("--dropout", float), "vocabulary_size": ("--vocab", int),
@@ -71,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
     parser.add_argument("--test-sentences", type=positive(int), default=None, metavar="N",
                         help="score the first N test sentences only (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="weights, batches and dropout of every row")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+                        help="the study: every row from each of these seeds (needs --steps)")
+    parser.add_argument("--controls", type=non_negative_int, default=0, metavar="N",
+                        help="the study: N more runs of each (row, seed), the k-th with the learning-rate "
+                             "factor moved by k float32 ulps (default 0)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive(int), default=None)
@@ -78,6 +96,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
     if not args.data.is_file():
         parser.error(f"--data {args.data}: no such file")
     device_or_exit(parser, args.device)
+    args.study = args.seeds is not None or args.controls > 0
+    if args.study:
+        if args.steps is None or args.minutes is not None:
+            parser.error("the study (--seeds, --controls) takes its budget in --steps, not --minutes")
+        args.seeds = tuple(args.seeds) if args.seeds is not None else (args.seed,)
+        if len(set(args.seeds)) != len(args.seeds):
+            parser.error(f"--seeds names a seed twice: {' '.join(map(str, args.seeds))}")
     overrides = {field: getattr(args, field) for field in OVERRIDES if getattr(args, field) is not None}
     if args.steps is not None or args.minutes is not None:
         overrides |= {"minutes": args.minutes,
@@ -100,6 +125,67 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
     if problem := write_probe(args.out):
         parser.error(f"--out {args.out}: not writable ({problem.strerror or problem})")
     return args, settings
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def study_fingerprint(settings: LearnersSettings) -> dict:
+    """What every run of a study must share to be pooled: all the settings but the seed."""
+    shared = dataclasses.asdict(settings)
+    del shared["seed"]
+    return json.loads(json.dumps(shared))  # as it reads back from JSON (tuples as lists)
+
+
+def recorded_runs(path: Path, settings: LearnersSettings) -> tuple[dict, ...]:
+    """The runs an earlier study in ``path`` recorded (none if there is no file); a file of
+    other settings is a ValueError naming the first setting that differs."""
+    if not path.is_file():
+        return ()
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        runs, shared = saved["runs"], saved["settings"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a study file ({one_line(error)})") from None
+    expected = study_fingerprint(settings)
+    for field in sorted(set(expected) | set(shared)):
+        if expected.get(field) != shared.get(field):
+            raise ValueError(f"{path}: recorded with other settings ({field}); use another --out")
+    return tuple(runs)
+
+
+def run_the_study(args: argparse.Namespace, settings: LearnersSettings) -> None:
+    """The study: resume from ``study.json``, run what is missing, save after every run, print
+    the statistic."""
+    path = args.out / STUDY_FILE
+    try:
+        done = recorded_runs(path, settings)
+        data = prepare(settings)
+    except ValueError as error:
+        sys.exit(f"{PROG}: error: {one_line(error)}")
+    bars: dict[tuple, tqdm] = {}
+
+    def show(key: tuple, report) -> None:
+        if key not in bars:
+            bars[key] = tqdm(total=report.steps, desc="/".join(map(str, key)), file=sys.stderr, leave=False)
+        bars[key].update()
+
+    def save(records: list[dict]) -> None:
+        bars.pop(run_key(records[-1]), tqdm(disable=True)).close()
+        saved = {"settings": study_fingerprint(settings), "steps": settings.translation.steps,
+                 "torch": torch.__version__, "runs": records}
+        write_text(path, json.dumps(saved, indent=1) + "\n")
+
+    records = run_study(settings, data, args.seeds, args.controls, done, on_run=save, on_step=show)
+    print(study_table(records))
 
 
 def write_text(path: Path, text: str) -> None:
@@ -141,6 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     args, settings = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.study:
+        run_the_study(args, settings)
+        return
     try:
         import matplotlib
     except ImportError:

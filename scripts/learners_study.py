@@ -27,9 +27,12 @@ Shape legend:
 from __future__ import annotations
 
 import dataclasses
+import math
+import statistics
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import scipy.stats
 import torch
 from tabulate import tabulate
 from torch import Tensor, nn
@@ -302,3 +305,201 @@ def as_json(result: LearnersResult) -> dict:
         "rows": [{**dataclasses.asdict(row), "tokens_per_second": row.tokens_per_second}
                  for row in result.rows],
     }
+
+
+# --- the study: seeds, rounding-only controls, resume ---------------------------------------
+#
+# One run is (row, seed, control). Control 0 is the row as it is; control k >= 1 is the same
+# row, the same seed, the same batches, dropout masks and weights, with the learning-rate factor
+# moved by k units in the last place of float32 (``perturbed_factor``). The optimiser's kernels
+# take each step's rate as a float32 scalar on float32 weights, so a float64 ulp would mostly
+# round away; k float32 ulps moves every step's update by about k roundings and nothing else:
+# the first loss (before any step) is the same to the bit, and what follows parts only as the
+# training magnifies those last bits. A row's spread over its controls is therefore the spread
+# that rounding alone makes; the rows' spread is set against it (``study_statistics``).
+
+FLOAT32_MANTISSA = 23  # fraction bits of float32 (float64 has 52)
+STUDY_METRICS = ("bleu_beam", "bleu_greedy", "valid_loss")  # the scalar metrics, in the table's order
+METRIC_NAMES = {"bleu_beam": f"BLEU beam {BEAM_SIZE}", "bleu_greedy": "BLEU greedy",
+                "valid_loss": "valid loss"}
+
+
+def perturbed_factor(factor: float, control: int) -> float:
+    """``factor`` moved up by ``control`` float32 ulps (of its own binade): exact in float64,
+    ``factor`` itself for control 0."""
+    check_int("control", control, low=0)
+    if not math.isfinite(factor) or factor <= 0:
+        raise ValueError(f"lr_factor must be a positive finite number, got {factor!r}")
+    return factor + control * math.ulp(factor) * 2.0 ** (52 - FLOAT32_MANTISSA)
+
+
+def study_runs(variants: tuple[str, ...], seeds: tuple[int, ...],
+               controls: int) -> list[tuple[str, int, int]]:
+    """Every run's (row, seed, control), in the order they run: seed by seed, row by row, each
+    row's controls after it, so a study stopped early holds whole seeds first."""
+    return [(variant, seed, control)
+            for seed in seeds for variant in variants for control in range(controls + 1)]
+
+
+def run_key(record: dict) -> tuple[str, int, int]:
+    """A run record's (row, seed, control)."""
+    return record["variant"], record["seed"], record["control"]
+
+
+def run_study(settings: LearnersSettings, data: LearnerData, seeds: tuple[int, ...], controls: int,
+              done: tuple[dict, ...] = (), on_run: Callable[[list[dict]], None] | None = None,
+              on_step: Callable[[tuple[str, int, int], StepReport], None] | None = None) -> list[dict]:
+    """Train and score every (row, seed, control) not in ``done``, each for
+    ``settings.translation.steps`` steps (the budget is steps: every run does the same work);
+    returns ``done``'s records and the new ones, ``on_run`` sees them after every run (save them
+    there: a study stopped later resumes from them). Each seed sets the weights, the batch stream
+    and the dropout, as ``--seed`` does for one row."""
+    if settings.translation.minutes is not None:
+        raise ValueError("the study's budget is steps (every run does the same work): minutes must be None")
+    if not isinstance(seeds, tuple) or not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be a non-empty tuple without repeats, got {seeds!r}")
+    for seed in seeds:
+        check_int("seed", seed)
+    check_int("controls", controls, low=0)
+    records = list(done)
+    recorded = {run_key(record) for record in records}
+    steps = settings.translation.steps
+    for key in study_runs(settings.variants, seeds, controls):
+        if key in recorded:
+            continue
+        variant, seed, control = key
+        factor = perturbed_factor(settings.translation.lr_factor, control)
+        run_settings = dataclasses.replace(settings, seed=seed,
+                                           translation=settings.translation.replace(lr_factor=factor))
+        run_data = dataclasses.replace(data, stream=dataclasses.replace(data.stream, seed=seed))
+        shown = None if on_step is None else lambda report, at=key: on_step(at, report)
+        model, learning = train_learner(variant, run_data, run_settings, steps, shown)
+        row = score_learner(model, learning, run_data, run_settings)
+        records.append({"variant": variant, "seed": seed, "control": control, "lr_factor": factor,
+                        "steps": steps, "losses": list(row.losses), "seconds": list(row.seconds),
+                        "valid_loss": row.valid_loss,
+                        "bleu": {str(size): value for size, value in row.bleu.items()},
+                        "translations": {str(size): list(texts) for size, texts in row.translations.items()}})
+        recorded.add(key)
+        if on_run is not None:
+            on_run(records)
+    return records
+
+
+def metric_value(record: dict, metric: str) -> float:
+    """One scalar metric of a run record (one of STUDY_METRICS)."""
+    if metric == "valid_loss":
+        return float(record["valid_loss"])
+    if metric in ("bleu_beam", "bleu_greedy"):
+        return float(record["bleu"][str(BEAM_SIZE if metric == "bleu_beam" else 1)])
+    raise ValueError(f"metric must be one of {', '.join(STUDY_METRICS)}, got {metric!r}")
+
+
+def _pooled_spread(groups: list[list[float]]) -> float:
+    """The pooled standard deviation: the root of the mean sample variance (ddof 1) of the
+    groups with at least two values; NaN when none has two."""
+    variances = [statistics.variance(group) for group in groups if len(group) >= 2]
+    return math.sqrt(sum(variances) / len(variances)) if variances else float("nan")
+
+
+def _grouped(records: list[dict], by: Callable[[dict], tuple]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault(by(record), []).append(record)
+    return groups
+
+
+def _row_and_seed(record: dict) -> tuple:
+    return record["variant"], record["seed"]
+
+
+def _seed_and_control(record: dict) -> tuple:
+    return record["seed"], record["control"]
+
+
+@dataclass(frozen=True)
+class MetricStatistic:
+    """One metric's spreads and the test of whether the rows differ."""
+
+    metric: str
+    between: float  # pooled SD across rows, at each (seed, control): what changing the row does
+    within: float  # pooled SD across one row's controls, at each seed: what rounding alone does
+    h: float  # Kruskal–Wallis H over the rows (every run of a row is one group)
+    p_value: float
+    epsilon_squared: float  # the effect size H / (n - 1), from 0 (no row effect) to 1
+
+
+def metric_statistic(records: list[dict], metric: str) -> MetricStatistic:
+    """The between-row and within-row spread of ``metric`` and a Kruskal–Wallis test over rows.
+
+    Between: at each (seed, control) the rows' values, their sample SD, pooled over (seed,
+    control) as the root of the mean variance. Within: at each (row, seed) the values of its
+    controls (the rounding-only perturbations), likewise pooled. If the row did not matter, the
+    between spread would be about the within spread.
+
+    The test (``scipy.stats.kruskal``, the chi-squared approximation with k - 1 degrees of
+    freedom, ties corrected) groups every run of a row together. It assumes the runs are
+    independent draws and that the rows' distributions differ, if at all, by a shift. The runs of
+    one seed share weights, batches and dropout, so they are not independent: with several seeds
+    and few controls the test reads the seed-to-seed spread as part of each row's; read its
+    p-value as a screen, the spreads as the measurement. The effect size is epsilon squared,
+    H / (n - 1) for n runs.
+    """
+    rows: dict[str, list[float]] = {}
+    for record in records:
+        rows.setdefault(record["variant"], []).append(metric_value(record, metric))
+    if len(rows) < 2:
+        raise ValueError(f"the test needs at least two rows, got {', '.join(rows) or 'none'}")
+    between = _pooled_spread([[metric_value(r, metric) for r in group]
+                              for group in _grouped(records, _seed_and_control).values()])
+    within = _pooled_spread([[metric_value(r, metric) for r in group]
+                             for group in _grouped(records, _row_and_seed).values()])
+    values = [value for group in rows.values() for value in group]
+    if len(set(values)) == 1:  # every run alike: no ranks to compare, nothing differs
+        h, p_value = 0.0, 1.0
+    else:
+        test = scipy.stats.kruskal(*rows.values())
+        h, p_value = float(test.statistic), float(test.pvalue)
+    return MetricStatistic(metric, between, within, h, p_value, h / (len(values) - 1))
+
+
+def identical_shares(records: list[dict], beam: int) -> tuple[float, float]:
+    """(between, within): the mean share of test sentences translated identically by two rows
+    at the same (seed, control), every pair of rows; and by a row's control k >= 1 and its
+    control 0 at the same seed. NaN where there is no such pair."""
+    key = str(beam)
+    between = [identical_share(tuple(a["translations"][key]), tuple(b["translations"][key]))
+               for group in _grouped(records, _seed_and_control).values()
+               for i, a in enumerate(group) for b in group[i + 1:]]
+    within = []
+    for group in _grouped(records, _row_and_seed).values():
+        plain = [r for r in group if r["control"] == 0]
+        within += [identical_share(tuple(r["translations"][key]), tuple(plain[0]["translations"][key]))
+                   for r in group if plain and r["control"] != 0]
+    mean = statistics.fmean
+    return (mean(between) if between else float("nan"), mean(within) if within else float("nan"))
+
+
+STUDY_HEADERS = ("measure", "between rows", "within a row (rounding)", "between / within",
+                 "Kruskal-Wallis H", "p", "epsilon^2")
+
+
+def study_table(records: list[dict]) -> str:
+    """The statistic as a Markdown table: a line for each metric's spreads and test, and a line
+    for each beam's identical-translation share (rows against each other, a row against its
+    own controls)."""
+    cells = []
+    for metric in STUDY_METRICS:
+        s = metric_statistic(records, metric)
+        ratio = s.between / s.within if s.within > 0 else float("nan")
+        cells.append([f"{METRIC_NAMES[metric]} (SD)", f"{s.between:.4f}", f"{s.within:.4f}", f"{ratio:.2f}",
+                      f"{s.h:.3f}", f"{s.p_value:.3g}", f"{s.epsilon_squared:.3f}"])
+    for beam, name in ((BEAM_SIZE, f"beam {BEAM_SIZE}"), (1, "greedy")):
+        between, within = identical_shares(records, beam)
+        cells.append([f"identical translations ({name})", f"{between:.1%}", f"{within:.1%}",
+                      "-", "-", "-", "-"])
+    runs = len(records)
+    rows = len({r["variant"] for r in records})
+    seeds = len({r["seed"] for r in records})
+    what = f"{runs} runs: {rows} rows, {seeds} seeds, {max(r['control'] for r in records)} controls each"
+    return f"{what}\n\n{tabulate(cells, STUDY_HEADERS, tablefmt='github', disable_numparse=True)}\n"

@@ -14,13 +14,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common.batches import random_batch
 from common.weights import export_weights
 from scripts import learners as learners_cli
+from scripts import learners_study
 from scripts.learners_study import (
     LearnersSettings,
     as_json,
     identical_share,
     markdown_report,
+    perturbed_factor,
     prepare,
     run_learners,
+    run_study,
     train_learner,
 )
 from seq2seq.data.batches import TokenBatches
@@ -186,6 +189,103 @@ def test_the_torch_rows_masks_are_the_same_numbers_in_another_memory_order():
     assert moved == [2, 7, 9]
 
 
+# --- the study: rounding-only controls, resume ------------------------------------------------
+
+
+def test_the_perturbation_moves_the_factor_by_float32_ulps():
+    # 0.7 lies in [0.5, 1): float32's spacing there is 2^-1 * 2^-23 = 2^-24; 0.3 in [0.25, 0.5): 2^-25
+    assert perturbed_factor(0.7, 0) == 0.7
+    assert perturbed_factor(0.7, 1) - 0.7 == 2.0 ** -24 and perturbed_factor(0.7, 3) - 0.7 == 3 * 2.0 ** -24
+    assert perturbed_factor(0.3, 2) - 0.3 == 2 * 2.0 ** -25
+    with pytest.raises(ValueError, match="control"):
+        perturbed_factor(0.7, -1)
+
+
+def trained_weights(data, settings, factor: float) -> dict[str, torch.Tensor]:
+    run = LearnersSettings(settings.corpus, settings.translation.replace(lr_factor=factor),
+                           variants=settings.variants)
+    model, learning = train_learner("explicit", data, run, steps=6)
+    return export_weights(model), learning.losses
+
+
+def test_a_control_differs_from_its_row_only_in_rounding(sample_corpus):
+    settings = settings_for(sample_corpus, variants=("explicit",))
+    data = prepare(settings)
+    plain, plain_losses = trained_weights(data, settings, TINY.lr_factor)
+    again, again_losses = trained_weights(data, settings, perturbed_factor(TINY.lr_factor, 0))
+    assert again_losses == plain_losses  # perturbation off: bit-identical
+    assert all(torch.equal(again[n], plain[n]) for n in plain)
+    moved, moved_losses = trained_weights(data, settings, perturbed_factor(TINY.lr_factor, 1))
+    assert moved_losses[0] == plain_losses[0]  # before any step: the same to the bit
+    assert any(not torch.equal(moved[n], plain[n]) for n in plain)  # the perturbation was applied
+    # ...and it is rounding: the losses agree to float32's. (The weights are no bound: the key
+    # biases' gradients are rounding noise, which Adam scales to full-size steps either way.)
+    for ours, theirs in zip(moved_losses, plain_losses, strict=True):
+        assert abs(ours - theirs) <= 1e-5 * abs(theirs)
+
+
+def test_the_study_records_every_run_and_resumes_the_missing_ones(sample_corpus, monkeypatch):
+    settings = settings_for(sample_corpus, variants=("explicit", "fused"), test_sentences=2,
+                            translation=TINY.replace(steps=2))
+    data = prepare(settings)
+    trained = []
+    train = learners_study.train_learner
+
+    def counted(variant, run_data, run_settings, steps, on_step=None):
+        trained.append((variant, run_settings.seed, run_settings.translation.lr_factor, run_data.stream.seed))
+        return train(variant, run_data, run_settings, steps, on_step)
+
+    monkeypatch.setattr(learners_study, "train_learner", counted)
+    saved = []
+    records = run_study(settings, data, (0, 1), 1, on_run=lambda rs: saved.append(len(rs)))
+    keys = [(r["variant"], r["seed"], r["control"]) for r in records]
+    assert keys == [("explicit", 0, 0), ("explicit", 0, 1), ("fused", 0, 0), ("fused", 0, 1),
+                    ("explicit", 1, 0), ("explicit", 1, 1), ("fused", 1, 0), ("fused", 1, 1)]
+    assert saved == list(range(1, 9))  # written after every run
+    step = 2.0 ** -25  # TINY's factor 0.3 lies in [0.25, 0.5)
+    assert [t[2] for t in trained[:2]] == [0.3, 0.3 + step]
+    assert all(t[1] == t[3] for t in trained)  # each seed sets weights and batches
+    assert all(len(r["losses"]) == 2 and set(r["bleu"]) == {"1", "4"} for r in records)
+    assert json.loads(json.dumps(records)) == records  # plain JSON
+
+    # interrupted after 5 runs: only the 3 missing ones run again, the 5 are kept as they were
+    trained.clear()
+    resumed = run_study(settings, data, (0, 1), 1, done=tuple(records[:5]))
+    assert [(t[0], t[1]) for t in trained] == [("explicit", 1), ("fused", 1), ("fused", 1)]
+    assert resumed[:5] == records[:5] and len(resumed) == 8
+    assert [r["losses"] for r in resumed[5:]] == [r["losses"] for r in records[5:]]  # the same runs, redone
+    trained.clear()
+    assert run_study(settings, data, (0, 1), 1, done=tuple(records)) == records and trained == []
+
+
+def test_the_study_takes_its_budget_in_steps(sample_corpus):
+    settings = settings_for(sample_corpus, translation=TINY.replace(minutes=1.0))
+    with pytest.raises(ValueError, match="budget is steps"):
+        run_study(settings, None, (0,), 1)
+
+
+def test_the_study_command_resumes_and_prints_the_statistic(sample_corpus, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "study"
+    argv = ["--data", str(sample_corpus.path), "--out", str(out), "--steps", "2", "--seeds", "0",
+            "--controls", "1", "--variants", "explicit", "fused", "--vocab", "120", "--d-model", "16",
+            "--heads", "2", "--layers", "1", "--d-ff", "32", "--batch-tokens", "300",
+            "--test-sentences", "2", "--threads", "1"]
+    learners_cli.main(argv)
+    saved = json.loads((out / "study.json").read_text())
+    assert len(saved["runs"]) == 4 and "between rows" in capsys.readouterr().out
+    saved["runs"] = saved["runs"][:3]
+    (out / "study.json").write_text(json.dumps(saved))
+    trained = []
+    train = learners_study.train_learner
+    monkeypatch.setattr(learners_study, "train_learner",
+                        lambda variant, *rest: trained.append(variant) or train(variant, *rest))
+    learners_cli.main(argv)
+    assert trained == ["fused"] and len(json.loads((out / "study.json").read_text())["runs"]) == 4
+    with pytest.raises(SystemExit) as exit_info:  # other settings in the same --out
+        learners_cli.main([*argv[:-2], "--threads", "1", "--dropout", "0.2"])
+    assert "recorded with other settings (translation)" in str(exit_info.value)
+
+
 # --- the command line -----------------------------------------------------------------------
 
 
@@ -198,6 +298,10 @@ def test_the_torch_rows_masks_are_the_same_numbers_in_another_memory_order():
     (["--dtype", "float16"], "--dtype: invalid choice"),
     (["--d-model", "30", "--heads", "4"], "d_model (30) must be divisible"),
     (["--test-sentences", "0"], "--test-sentences: must be positive"),
+    (["--seeds", "0", "1", "--minutes", "2"], "takes its budget in --steps"),
+    (["--controls", "2"], "takes its budget in --steps"),
+    (["--seeds", "0", "0", "--steps", "5"], "names a seed twice"),
+    (["--controls", "-1", "--steps", "5"], "--controls: must be at least 0"),
 ])
 def test_bad_options_fail_in_one_line(sample_corpus, tmp_path, capsys, argv, said):
     with pytest.raises(SystemExit) as exit_info:
