@@ -15,6 +15,9 @@ its dropouts per layer act on a tensor stored in (L, B, D) order, and CPU dropou
 in memory order, so its masks land on other elements (docs/translation.md, "One seed, five
 learners"). Under those masks its run is another sample of the same training.
 
+The study (``run_study``, ``study_table``) repeats this from several seeds, with rounding-only
+controls of each row beside it, and sets the rows' spread against a row's spread with itself.
+
 Rows run one after another, each to its end (training, then scoring): torch's global generator
 holds the dropout stream, so a row that runs alone needs no swapping of generator states, and
 its result can be saved (``on_row``) before the next starts. Prints nothing: ``python -m
