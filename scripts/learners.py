@@ -9,7 +9,8 @@ With ``--seeds`` or ``--controls`` it runs the study instead: every row from eac
 ``--controls N`` more runs of each (row, seed) whose learning-rate factor is moved by k float32
 ulps for the k-th (``scripts.learners_study.perturbed_factor``: a change of rounding only), all
 for ``--steps`` steps. It writes ``study.json`` (every run's record) after each run; run again
-with the same ``--out`` and it skips the runs already recorded. At the end it prints the
+with the same ``--out`` and it skips the runs already recorded. At the end it draws
+``study.png`` (every run's loss curve, coloured by row, dashed for a control) and prints the
 between-row against within-row spreads and the test of whether the rows differ.
 
 writes, in ``--out``, ``learners.json`` (every row in full: its loss and time per step, its
@@ -54,7 +55,7 @@ from variants import VARIANTS
 
 PROG = "python -m scripts.learners"
 JSON_FILE, TABLE_FILE, PICTURE_FILE = "learners.json", "learners.md", "learners.png"
-STUDY_FILE = "study.json"
+STUDY_FILE, STUDY_PICTURE = "study.json", "study.png"
 # TranslationSettings field -> (option, its type): each defaults to the preset's value
 OVERRIDES = {"d_model": ("--d-model", int), "n_heads": ("--heads", int), "n_layers": ("--layers", int),
              "d_ff": ("--d-ff", int), "dropout": ("--dropout", float), "vocabulary_size": ("--vocab", int),
@@ -162,9 +163,34 @@ def recorded_runs(path: Path, settings: LearnersSettings) -> tuple[dict, ...]:
     return tuple(runs)
 
 
-def run_the_study(args: argparse.Namespace, settings: LearnersSettings) -> None:
-    """The study: resume from ``study.json``, run what is missing, save after every run, print
-    the statistic."""
+def draw_study_curves(plt, records: list[dict], path: Path) -> None:
+    """Every run's training loss (a running mean of SMOOTHING steps) by step: one colour per
+    row, solid for the row itself, dashed for its rounding controls."""
+    fig, ax = plt.subplots(figsize=(9, 5), layout="constrained")
+    colours = {}
+    for record in records:
+        colour = colours.setdefault(record["variant"], f"C{len(colours) % 10}")
+        losses = torch.tensor(record["losses"], dtype=torch.float64)
+        window = max(1, min(SMOOTHING, len(losses) // 2))  # a short run still draws a line
+        smoothed = losses.unfold(0, window, 1).mean(dim=1)  # (steps - window + 1,)
+        first = record["seed"] == records[0]["seed"] and record["control"] == 0
+        ax.plot(torch.arange(window, len(losses) + 1).numpy(), smoothed.numpy(), color=colour,
+                linestyle="-" if record["control"] == 0 else "--", linewidth=1.0, alpha=0.8,
+                label=record["variant"] if first else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"training loss (mean of {SMOOTHING} steps)")
+    ax.grid(alpha=0.3)
+    ax.legend(title="row (dashed: its controls)")
+    seeds = sorted({record["seed"] for record in records})
+    fig.suptitle(f"{len(records)} runs: seeds {', '.join(map(str, seeds))}, "
+                 f"{max(record['control'] for record in records)} rounding controls each")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def run_the_study(args: argparse.Namespace, settings: LearnersSettings, plt) -> None:
+    """The study: resume from ``study.json``, run what is missing, save after every run, draw
+    the loss curves, print the statistic."""
     path = args.out / STUDY_FILE
     try:
         done = recorded_runs(path, settings)
@@ -185,6 +211,7 @@ def run_the_study(args: argparse.Namespace, settings: LearnersSettings) -> None:
         write_text(path, json.dumps(saved, indent=1) + "\n")
 
     records = run_study(settings, data, args.seeds, args.controls, done, on_run=save, on_step=show)
+    draw_study_curves(plt, records, args.out / STUDY_PICTURE)
     print(study_table(records))
 
 
@@ -227,15 +254,16 @@ def main(argv: list[str] | None = None) -> None:
     args, settings = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.study:
-        run_the_study(args, settings)
-        return
     try:
         import matplotlib
     except ImportError:
         sys.exit(f'{PROG}: error: the loss picture needs matplotlib: pip install -e ".[plot]"')
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if args.study:
+        run_the_study(args, settings, plt)
+        return
 
     try:
         data = prepare(settings)

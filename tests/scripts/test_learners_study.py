@@ -273,6 +273,11 @@ def test_the_study_command_resumes_and_prints_the_statistic(sample_corpus, tmp_p
     learners_cli.main(argv)
     saved = json.loads((out / "study.json").read_text())
     assert len(saved["runs"]) == 4 and "between rows" in capsys.readouterr().out
+    pytest.importorskip("matplotlib")
+    from matplotlib.image import imread
+
+    pixels = imread(out / "study.png")[..., :3]
+    assert ((pixels.max(-1) - pixels.min(-1)) > 0.3).mean() > 0.002  # coloured curves drawn
     saved["runs"] = saved["runs"][:3]
     (out / "study.json").write_text(json.dumps(saved))
     trained = []
