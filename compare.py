@@ -24,7 +24,7 @@ import dataclasses
 import os
 import sys
 
-from benchmarks.machine import WAIT_POLICIES, settle_threads, wait_policy_environment, wait_policy_problem
+from benchmarks.machine import WAIT_POLICIES, settle_threads, wait_policy_environment
 
 # before torch loads its OpenMP runtime, which reads the wait policy once, when it loads: no
 # import above this line may import torch (tests/benchmarks/test_busy_cores.py checks the policy)
@@ -33,15 +33,15 @@ os.environ.update(wait_policy_environment(sys.argv[1:], os.environ))
 import torch
 from tqdm import tqdm
 
-from benchmarks.engines import ENGINES, engines_problem, row_argument
-from benchmarks.plot import matplotlib_problem, path_problem, plot
+from benchmarks.engines import ENGINES, row_argument
+from benchmarks.plot import plot
 from benchmarks.processes import run_processes
 from benchmarks.render import FORMATS, render, warning_lines, write_table
 from benchmarks.run import run
-from benchmarks.settings import MIN_RUN_TIME, ROUNDS, Settings
-from benchmarks.workload import DTYPES, PRESETS, check_lengths, paired_shapes
-from common.cli import Parser, config_or_exit, device_or_exit, positive
-from variants import VARIANTS, ordered
+from benchmarks.settings import MIN_RUN_TIME, ROUNDS, Settings, settings_from_options
+from benchmarks.workload import DTYPES, PRESETS
+from common.cli import Parser, device_or_exit, positive
+from variants import VARIANTS
 
 
 def command_line() -> Parser:
@@ -120,46 +120,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[Settings, argparse.Namesp
     quiet). A bad option is a one-line usage error (exit status 2)."""
     parser = command_line()
     args = parser.parse_args(argv)
-    preset = PRESETS[args.preset]
-    changed = {"dropout": args.dropout, "max_seq_len": args.max_seq_len}  # None: the preset's
-    fields = preset.fields | {name: value for name, value in changed.items() if value is not None}
-    config = config_or_exit(parser, **fields)
-    try:
-        shapes = paired_shapes(args.batch or [preset.batch], args.src_len or [preset.length],
-                               args.tgt_len or args.src_len or [preset.length])
-        check_lengths(config, shapes, args.decode_len)
-    except ValueError as error:
-        parser.error(str(error))
     if args.device == "cuda":
         device_or_exit(parser, args.device)
-    engines = tuple(name for name in dict.fromkeys(args.variants) if name in ENGINES)
-    if problem := engines_problem(engines, args.decode_len, device=args.device, dtypes=tuple(args.dtype),
-                                  autocast=args.autocast):
-        parser.error(problem)
-    if args.freeze and not args.compile:
-        parser.error("--freeze is an option of --compile; give both")
-    if problem := wait_policy_problem(args.omp_wait_policy, os.environ):
-        parser.error(problem)
-    # before any timing: a run must not end in a table or a picture it cannot write
-    if problem := args.output and path_problem(args.output, "--output", suffix=None):
-        parser.error(problem)
-    if problem := args.plot and (path_problem(args.plot) or matplotlib_problem()):
-        parser.error(problem)
-    devices = ("cpu", "cuda") if args.device == "all" else (args.device,)
-    return Settings(
-        config=config, shapes=shapes, preset=args.preset,
-        devices=tuple(d for d in devices if d != "cuda" or torch.cuda.is_available()),
-        dtypes=tuple(args.dtype), engines=engines,
-        variants=ordered(name for name in args.variants if name not in ENGINES),
-        autocast=args.autocast, compile=args.compile, freeze=args.freeze,
-        threads=args.threads or torch.get_num_threads(),  # main() settles it on the cores found free
-        rounds=args.rounds, min_run_time=args.min_run_time, control=not args.no_control,
-        decode_len=args.decode_len,
-        all_decoders=args.all_decoders,
-        seed=args.seed, keep_freed_memory=args.malloc == "keep",
-        torch_fast_path=not args.no_torch_fast_path, show_progress=not args.quiet,
-        command=" ".join(["compare.py", *(sys.argv[1:] if argv is None else argv)]),
-    ), args
+    command = " ".join(["compare.py", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return settings_from_options(args, command, os.environ), args
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def main(argv: list[str] | None = None) -> int:
