@@ -6,7 +6,7 @@ One job per module, in the order a run uses them:
     steps          the timed steps (forward, forward + backward, decoding), autocast, compiling
     dropout_masks  the compile backend: inductor with dropout's masks drawn by aten
     machine        whether the cores are busy, the threads to time with, the OpenMP wait policy
-    settings       ``Settings``: everything one run is asked to do, frozen
+    settings       ``Settings``: everything one run is asked to do, frozen; compare.py's options -> it
     measured       what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
     ratios         ratios paired by round with their bootstrap interval; the rounds' shuffled orders
     timing         ``torch.utils.benchmark`` timers for the steps and the matmul peak
@@ -17,6 +17,7 @@ One job per module, in the order a run uses them:
     plot           the report as a picture of relative times (compare.py --plot)
     breakdown      one profiled train step's operator time, grouped by what they do
     run            ``run(settings) -> report``: the phases of a run, by name
+    processes      ``--processes N``: the run repeated in fresh interpreters, their rounds pooled
 
 The timings are ``bench_*.py`` (pytest-benchmark; ``pytest benchmarks/``, not run by a plain
 ``pytest``). The programs that print (the time breakdown, the decode scan, ...) are in
