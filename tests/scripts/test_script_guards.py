@@ -70,3 +70,14 @@ def test_a_source_longer_than_the_preset_reads_is_refused_first(capsys, monkeypa
         static_decode.parse(["--device", "cpu", "--preset", "tiny", "--src-len", "129", "--max-len", "3"])
     assert stop.value.code == 2
     assert "--src-len must be at most the preset's max_seq_len=128, got 129" in capsys.readouterr().err
+
+
+def test_a_study_of_one_row_is_refused_before_training(sample_corpus, tmp_path, monkeypatch, capsys):
+    """The statistic compares rows: one row has nothing to compare, so the study stops up front
+    instead of after its training."""
+    monkeypatch.setattr(learners_study, "train_learner", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(SystemExit) as stop:
+        learners.main(["--data", str(sample_corpus.path), "--out", str(tmp_path), *SMALL,
+                       "--steps", "2", "--seeds", "0", "1", "--variants", "explicit"])
+    assert stop.value.code == 2
+    assert "give --variants at least two, got explicit" in capsys.readouterr().err
