@@ -35,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from common.checks import check_int, check_number
+from common.config import TransformerConfig
 from seq2seq.decoding.greedy import NextToken, check_arguments, check_no_empty_source
 
 BEAM_SIZE = 4  # section 6.1
@@ -73,33 +74,58 @@ def beam_search(
     gets at most n + 50 generated ids, and every row fits in ``max_seq_len`` positions.
     ``use_cache=False`` decodes by full recompute even where the model has a cache.
     """
+    config = check_beam_arguments(model, src, src_mask, max_len, bos_id, eos_id, use_cache,
+                                  beam_size, alpha)
+    next_token_logp = NextToken(model, src, src_mask, use_cache)  # encodes, and checks src
+    rows = torch.arange(src.shape[0], device=src.device)  # (B,)
+    next_token_logp.reorder(rows.repeat_interleave(beam_size))  # B -> B·k rows: each source once per beam
+    # log-probabilities add up in float32 at least, float64 in a float64 model
+    dtype = torch.promote_types(next_token_logp.memory.dtype, torch.float32)
+    return search(next_token_logp, generated_limit(config, src, max_len), dtype, bos_id=bos_id,
+                  eos_id=eos_id, pad_id=config.pad_id, beam_size=beam_size, alpha=alpha)
+
+
+def check_beam_arguments(model: object, src: object, src_mask: object, max_len: object, bos_id: object,
+                         eos_id: object, use_cache: object, beam_size: object,
+                         alpha: object) -> TransformerConfig:
+    """``beam_search``'s arguments, before any tensor work: greedy decoding's checks, a beam of at
+    least one, a non-negative alpha and no padding-only source."""
     config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache)
     check_int("beam_size", beam_size, low=1)
     check_number("alpha", alpha, low_closed=True)  # a negative alpha would favour short output
     check_no_empty_source(src, src_mask)
-    batch, k, vocab = src.shape[0], beam_size, config.tgt_vocab_size
-    next_token_logp = NextToken(model, src, src_mask, use_cache)  # encodes, and checks src
-    device = src.device
-    if max_len is None:  # generated ids per row: source length + 50, within max_seq_len positions
-        limit = ((src != config.pad_id).sum(dim=1) + EXTRA_LENGTH).clamp(max=config.max_seq_len - 1)
-    else:
-        limit = torch.full((batch,), max_len - 1, device=device)  # (B,)
-    # log-probabilities add up in float32 at least, float64 in a float64 model
-    dtype = torch.promote_types(next_token_logp.memory.dtype, torch.float32)
+    return config
+
+
+def generated_limit(config: TransformerConfig, src: Tensor, max_len: int | None) -> Tensor:
+    """(B,) the most ids each row may generate after BOS: ``max_len - 1``, or with None, the
+    source's real (non-padding) ids + 50, within ``max_seq_len`` positions."""
+    if max_len is None:
+        return ((src != config.pad_id).sum(dim=1) + EXTRA_LENGTH).clamp(max=config.max_seq_len - 1)
+    return torch.full((src.shape[0],), max_len - 1, device=src.device)  # (B,)
+
+
+def search(next_token_logp: NextToken, limit: Tensor, dtype: torch.dtype, *, bos_id: int, eos_id: int,
+           pad_id: int, beam_size: int, alpha: float) -> Hypotheses:
+    """The search itself, on any next-token step over B·k rows (B sources, k beams each, row
+    i·k + j the j-th beam of source i) with a ``reorder``: ``NextToken``, or the static step of
+    ``seq2seq.decoding.static``. ``limit`` (B,) caps each source's generated ids; scores add up
+    in ``dtype``."""
+    batch, k, device = limit.shape[0], beam_size, limit.device
     reachable_lp = length_penalty(limit.to(dtype), alpha)  # (B,) lp at each row's length limit
     rows = torch.arange(batch, device=device)  # (B,)
-    next_token_logp.reorder(rows.repeat_interleave(k))  # B -> B·k rows: each source once per beam
     tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)  # (B·k, L)
     scores = torch.full((batch, k), -math.inf, dtype=dtype, device=device)  # (B, k) live log P
     scores[:, 0] = 0.0  # the k beams start as one hypothesis: BOS
-    best_tokens = torch.full((batch, int(limit.max()) + 1), config.pad_id, device=device)  # (B, L)
+    best_tokens = torch.full((batch, int(limit.max()) + 1), pad_id, device=device)  # (B, L)
     best_tokens[:, 0] = bos_id
     # the empty hypothesis (log P = 0) is the best of a row with no room after BOS; any other
     # row's first finished hypothesis replaces -inf
     best_scores = torch.where(limit == 0, 0.0, -math.inf).to(dtype)  # (B,)
     best_length = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) |Y| of the best
     for length in range(1, int(limit.max()) + 1):  # |Y| after this step
-        logp = next_token_logp(tokens).view(batch, k, vocab)  # (B, k, V)
+        logp = next_token_logp(tokens).view(batch, k, -1)  # (B, k, V)
+        vocab = logp.shape[-1]
         extended = (scores[:, :, None] + logp).view(batch, k * vocab)  # (B, k·V)
         top, index = extended.topk(k, dim=1)  # (B, k): the k best extensions of the k beams
         beam, token = index // vocab, index % vocab  # (B, k) origin beam and new id

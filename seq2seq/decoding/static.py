@@ -1,65 +1,119 @@
-"""Greedy decoding on a static-shape cached step, for ``torch.compile(mode="reduce-overhead")`` to
-capture as a CUDA graph: the same tokens as ``seq2seq.decoding.greedy.greedy_decode``.
+"""Greedy decoding and beam search on a static-shape cached step, compiled: the same tokens as
+``seq2seq.decoding.greedy.greedy_decode`` and the same hypotheses as
+``seq2seq.decoding.beam.beam_search``.
 
     decode = StaticGreedy(model.eval(), max_len=20, bos_id=1, eos_id=2,
-                          compile_mode="reduce-overhead")       # or None: eager
-    tokens = decode(src, padding_mask(src, pad_id))             # (B, L), L <= 20
+                          compile_mode="default", freezing=True)  # CPU; "reduce-overhead" on CUDA
+    tokens = decode(src, padding_mask(src, pad_id))               # (B, L), L <= 20
+    best = StaticBeam(model.eval(), max_len=20, bos_id=1, eos_id=2, compile_mode="default",
+                      freezing=True)(src, padding_mask(src, pad_id))  # Hypotheses
 
 The model must have a static step (``start_static_cache`` and ``static_step``: ``variants.fused``).
 Its cache holds ``max_len`` positions from the start; every step has the same shapes: the last
-id (B, 1) and the position, a 0-d tensor, are buffers this loop refills in place, and the
-step's log-probabilities and argmax run inside the compiled function. The only host read per
-step is the loop's own stopping test (has every row reached EOS?), outside the step. A
-``StaticGreedy`` keeps its cache between calls and refills it for a batch of the same shape, so
-a compiled step meets the same buffers again instead of compiling anew.
+id (B, 1) and the position, a 0-d tensor, are buffers this loop refills in place, and what the
+search needs of a step runs inside the compiled function: greedy decoding's argmax over the
+generator's logits (the log-softmax keeps their order, so the ids are the same), beam search's
+log-probabilities after moving each beam's cache rows (``reorder_beams``). The only host read
+per step is the loop's own stopping test, outside the step. A decoder keeps its cache between
+calls and refills it for a batch of the same shape, so a compiled step meets the same buffers
+again instead of compiling anew.
+
+``compile_mode`` None runs the step eagerly; otherwise it is ``torch.compile``'s mode, with
+``freezing`` inductor's freezing on top: the weights become constants of the compiled graph, on
+CPU packed for the step's matrix products. ``onednn`` (CPU float32) decodes on a copy whose
+decoder and generator linears run oneDNN's product on weights packed once
+(``seq2seq.decoding.onednn``). Either way a decoder must not outlive a change to the model's
+weights (build a new one).
 
 Shape legend:
-    B  batch   S  source length   L  generated length (BOS included)   V  target vocabulary
+    B  batch (beam search: sources x beams)   S  source length
+    L  generated length (BOS included)         V  target vocabulary
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
 from common.cache import batch_first
 from common.checks import ids_range_checked
+from seq2seq.decoding.beam import ALPHA, BEAM_SIZE, Hypotheses, check_beam_arguments, search
 from seq2seq.decoding.greedy import check_arguments, check_no_empty_source
+from seq2seq.decoding.onednn import with_onednn_linears
 
 STATIC_METHODS = ("start_static_cache", "static_step")
 
 
-class StaticNextToken:
-    """``NextToken``'s static-shape twin: (B, L) prefixes -> (B, V) log-probabilities of the
-    next token, one ``static_step`` each, compiled with ``compile_mode`` unless it is None."""
+def compiled(step: Callable, mode: str | None, freezing: bool) -> Callable:
+    """``step`` itself (mode None), or compiled by inductor in ``mode``, frozen if asked."""
+    if mode is None:
+        return step
+    options = dict(torch._inductor.list_mode_options(mode))  # what torch.compile(mode=...) sets
+    if freezing:
+        options["freezing"] = True
+    return torch.compile(step, options=options)
 
-    def __init__(self, model: nn.Module, max_len: int, compile_mode: str | None = None) -> None:
+
+class StaticNextToken:
+    """``NextToken``'s static-shape twin over (B, L) prefixes, one ``static_step`` per call,
+    compiled with ``compile_mode`` (and ``freezing``) unless the mode is None, its linears on
+    oneDNN with ``onednn`` (``seq2seq.decoding.onednn``): called, the (B, V)
+    log-probabilities of the next token; ``next_ids``, its (B,) most likely ids. With
+    ``reorders`` (beam search), ``reorder(origin)`` moves the cache's rows inside the next call."""
+
+    def __init__(self, model: nn.Module, max_len: int, compile_mode: str | None = None, *,
+                 freezing: bool = False, onednn: bool = False, reorders: bool = False) -> None:
         missing = [name for name in STATIC_METHODS if not callable(getattr(model, name, None))]
         if missing:
             raise TypeError(f"{type(model).__module__} has no static step ({', '.join(missing)} "
                             "missing): variants.fused has one")
         if compile_mode is not None and not isinstance(compile_mode, str):
             raise TypeError(f"compile_mode must be a torch.compile mode or None, got {compile_mode!r}")
-        self.model = model
+        if not isinstance(freezing, bool):
+            raise TypeError(f"freezing must be a bool, got {type(freezing).__name__} {freezing!r}")
+        if freezing and compile_mode is None:
+            raise ValueError("freezing is a compile option: give a compile_mode too")
+        if not isinstance(onednn, bool):
+            raise TypeError(f"onednn must be a bool, got {type(onednn).__name__} {onednn!r}")
+        # inductor lowers oneDNN's linear only on weights it packed itself
+        if onednn and compile_mode is not None:
+            raise ValueError("onednn runs the step eagerly: give compile_mode None (inductor cannot compile "
+                             "a linear on weights packed outside it)")
+        self.model = with_onednn_linears(model) if onednn else model  # a packed copy, or the model
         self.max_len = max_len
         self.compiled = compile_mode is not None
-        self.step = torch.compile(self.log_probs, mode=compile_mode) if self.compiled else self.log_probs
+        self.reorders = reorders
+        self.step = compiled(self.reordered_log_probs if reorders else self.log_probs, compile_mode, freezing)
+        self.ids_step = compiled(self.most_likely, compile_mode, freezing)
         self.cache = None  # the model's static cache, kept from one batch to the next
-        self.started_for: tuple | None = None  # (src shape, mask heads, device, dtype) of the cache
+        self.started_for: tuple | None = None  # (src shape, beams, mask heads, device, dtype) of the cache
         self.last: Tensor | None = None  # (B, 1): the ids the next step reads
         self.position: Tensor | None = None  # (): the position the next step writes
+        self.origin: Tensor | None = None  # (B,): the row each row continues (beam search)
 
-    def start(self, src: Tensor, src_mask: Tensor | None) -> None:
-        """Encode the source; refill the cache if it was started for a batch of this shape."""
+    def start(self, src: Tensor, src_mask: Tensor | None, beams: int = 1) -> None:
+        """Encode the (B, S) source once and start (or refill, if started for a batch of this
+        shape) a cache of B·``beams`` rows, row i·beams + j the j-th beam of source i."""
         memory = self.model.encode(src, src_mask)  # (B, S, D); encode checks src and src_mask
-        heads = 1 if src_mask is None else batch_first(src_mask, src.shape[0]).shape[1]
-        shape = (tuple(src.shape), heads, src.device, memory.dtype)
+        if src_mask is not None:
+            src_mask = batch_first(src_mask, src.shape[0])  # (B, 1 or H, 1, S)
+        if beams > 1:  # each source's memory and mask once per beam
+            memory = memory.repeat_interleave(beams, dim=0)  # (B·k, S, D)
+            src_mask = None if src_mask is None else src_mask.repeat_interleave(beams, dim=0)
+        heads = 1 if src_mask is None else src_mask.shape[1]
+        shape = (tuple(src.shape), beams, heads, src.device, memory.dtype)
         out = self.cache if shape == self.started_for else None
         self.cache = self.model.start_static_cache(memory, src_mask, self.max_len, out=out)
         self.started_for = shape
+        rows = memory.shape[0]
         if out is None:
-            self.last = torch.zeros(src.shape[0], 1, dtype=torch.long, device=src.device)  # (B, 1)
+            self.last = torch.zeros(rows, 1, dtype=torch.long, device=src.device)  # (B, 1)
             self.position = torch.zeros((), dtype=torch.long, device=src.device)  # ()
+            # (B,); a refill keeps the last batch's: at the first step every beam of a source
+            # holds the same BOS, so moving rows within a source changes nothing
+            self.origin = torch.arange(rows, device=src.device)
             if self.compiled:  # a CUDA graph writes these in place: only at addresses it may keep
                 for buffer in self.cache.buffers():
                     torch._dynamo.mark_static_address(buffer, guard=True)
@@ -68,23 +122,51 @@ class StaticNextToken:
         """The step itself, what ``torch.compile`` captures: (B, 1) ids -> (B, V)."""
         return self.model.project(self.model.static_step(last, position, cache))[:, -1]
 
-    def __call__(self, tokens: Tensor) -> Tensor:
+    def reordered_log_probs(self, last: Tensor, position: Tensor, origin: Tensor, cache: object) -> Tensor:
+        """Beam search's step: each row continues row ``origin`` (B,), then ``log_probs``."""
+        cache.reorder_beams(origin)
+        return self.log_probs(last, position, cache)
+
+    def most_likely(self, last: Tensor, position: Tensor, cache: object) -> Tensor:
+        """Greedy decoding's step: (B, 1) ids -> (B,) the ids of the largest logits."""
+        return self.model.generator(self.model.static_step(last, position, cache))[:, -1].argmax(dim=-1)
+
+    def reorder(self, origin: Tensor) -> None:
+        """Row i continues old row ``origin[i]`` (B,) from the next call on; a row may only
+        continue a row of its own source (beam search's rule)."""
+        self.origin.copy_(origin)
+
+    def feed(self, tokens: Tensor) -> None:
+        """The next step reads the last column of ``tokens`` (B, L) at position L - 1."""
         self.last.copy_(tokens[:, -1:])
         self.position.fill_(tokens.shape[1] - 1)
         if self.compiled:  # a new iteration: the previous step's outputs may be overwritten
             torch.compiler.cudagraph_mark_step_begin()
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        self.feed(tokens)
+        if self.reorders:
+            return self.step(self.last, self.position, self.origin, self.cache)  # (B, V)
         return self.step(self.last, self.position, self.cache)  # (B, V)
+
+    def next_ids(self, tokens: Tensor) -> Tensor:
+        """(B, L) prefixes -> (B,) the most likely next ids (greedy decoding)."""
+        self.feed(tokens)
+        return self.ids_step(self.last, self.position, self.cache)  # (B,)
 
 
 class StaticGreedy:
     """Greedy decoding, ``max_len`` ids per row counting BOS, on ``StaticNextToken``: the
-    arguments and result of ``greedy_decode`` (which ``check_arguments`` checks the same way)."""
+    arguments and result of ``greedy_decode`` (which ``check_arguments`` checks the same way).
+    ``from_logits`` False takes the argmax of the log-probabilities instead (the same ids)."""
 
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
-                 compile_mode: str | None = None) -> None:
+                 compile_mode: str | None = None, freezing: bool = False, onednn: bool = False,
+                 from_logits: bool = True) -> None:
         self.config = check_arguments(model, None, max_len, bos_id, eos_id, True, max_len_may_be_none=False)
         self.max_len, self.bos_id, self.eos_id = max_len, bos_id, eos_id
-        self.next_token_logp = StaticNextToken(model, max_len, compile_mode)
+        self.from_logits = from_logits
+        self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn)
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
@@ -92,7 +174,8 @@ class StaticGreedy:
         after a row's EOS; stops when every row has produced EOS, or at ``max_len`` ids."""
         check_arguments(self.next_token_logp.model, src_mask, self.max_len, self.bos_id, self.eos_id, True)
         check_no_empty_source(src, src_mask)
-        self.next_token_logp.start(src, src_mask)
+        step = self.next_token_logp
+        step.start(src, src_mask)
         batch = src.shape[0]
         tokens = torch.full((batch, self.max_len), self.config.pad_id, dtype=torch.long,
                             device=src.device)  # (B, max_len), filled from the left
@@ -102,7 +185,9 @@ class StaticGreedy:
         # argmax ids lie in [0, V) and positions in [0, max_len): nothing for the checks to read
         with ids_range_checked():
             while length < self.max_len:
-                next_token = self.next_token_logp(tokens[:, :length]).argmax(dim=-1)  # (B,)
+                prefix = tokens[:, :length]  # (B, length)
+                # (B,): the largest logit's id, or the largest log-probability's (the same)
+                next_token = step.next_ids(prefix) if self.from_logits else step(prefix).argmax(dim=-1)
                 tokens[:, length] = next_token.masked_fill(finished, self.config.pad_id)
                 finished |= tokens[:, length] == self.eos_id
                 length += 1
@@ -111,8 +196,47 @@ class StaticGreedy:
         return tokens[:, :length]
 
 
+class StaticBeam:
+    """Beam search on ``StaticNextToken``, B sources x ``beam_size`` beams as B·k rows of one
+    static cache: the arguments and result of ``beam_search`` with a given ``max_len`` (the
+    cache's positions), through the same ``search``."""
+
+    def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
+                 beam_size: int = BEAM_SIZE, alpha: float = ALPHA, compile_mode: str | None = None,
+                 freezing: bool = False, onednn: bool = False) -> None:
+        self.config = check_arguments(model, None, max_len, bos_id, eos_id, True, max_len_may_be_none=False)
+        self.arguments = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha)
+        check_beam_arguments(model, None, None, **self.arguments, use_cache=True)
+        self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
+                                               reorders=True)
+
+    @torch.no_grad()
+    def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Hypotheses:
+        """(B, S) source ids -> the best hypothesis of each, as ``beam_search`` finds it."""
+        arguments = self.arguments
+        check_beam_arguments(self.next_token_logp.model, src, src_mask, **arguments, use_cache=True)
+        step = self.next_token_logp
+        step.start(src, src_mask, beams=arguments["beam_size"])
+        limit = torch.full((src.shape[0],), arguments["max_len"] - 1, device=src.device)  # (B,)
+        dtype = torch.promote_types(step.cache.dtype, torch.float32)  # as beam_search adds them up
+        with ids_range_checked():  # the search's ids lie in [0, V), its positions in [0, max_len)
+            return search(step, limit, dtype, bos_id=arguments["bos_id"], eos_id=arguments["eos_id"],
+                          pad_id=self.config.pad_id, beam_size=arguments["beam_size"],
+                          alpha=arguments["alpha"])
+
+
 def static_greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *,
-                         max_len: int, bos_id: int, eos_id: int, compile_mode: str | None = None) -> Tensor:
+                         max_len: int, bos_id: int, eos_id: int, compile_mode: str | None = None,
+                         freezing: bool = False, onednn: bool = False) -> Tensor:
     """One call of a fresh ``StaticGreedy``: the same tokens as ``greedy_decode``."""
-    return StaticGreedy(model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, compile_mode=compile_mode)(
-        src, src_mask)
+    return StaticGreedy(model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, compile_mode=compile_mode,
+                        freezing=freezing, onednn=onednn)(src, src_mask)
+
+
+def static_beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *, max_len: int,
+                       bos_id: int, eos_id: int, beam_size: int = BEAM_SIZE, alpha: float = ALPHA,
+                       compile_mode: str | None = None, freezing: bool = False,
+                       onednn: bool = False) -> Hypotheses:
+    """One call of a fresh ``StaticBeam``: the same hypotheses as ``beam_search``."""
+    return StaticBeam(model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
+                      compile_mode=compile_mode, freezing=freezing, onednn=onednn)(src, src_mask)

@@ -92,15 +92,19 @@ class ScriptedStatic(ScriptedModel):
         self.steps.append((tgt[:, 0].tolist(), int(position)))
         return F.one_hot(self.script[:, int(position)], self.config.tgt_vocab_size).double()[:, None]
 
+    def generator(self, hidden):  # the logits whose log-softmax is ``project``
+        return 10.0 * hidden
 
-def test_rows_stop_at_eos_and_then_hold_padding():
+
+@pytest.mark.parametrize("from_logits", [True, False], ids=["logits", "log-probs"])
+def test_rows_stop_at_eos_and_then_hold_padding(from_logits):
     script = torch.tensor([[4, 4, EOS, 6, 6],
                            [EOS, 5, 5, 5, 5],
                            [7, EOS, 3, 3, 3],
                            [3, 4, 5, EOS, 7]])
     model = ScriptedStatic(script)
-    tokens = static_greedy_decode(model, torch.ones(4, 3, dtype=torch.long), max_len=8, bos_id=BOS,
-                                  eos_id=EOS)
+    decode = StaticGreedy(model, max_len=8, bos_id=BOS, eos_id=EOS, from_logits=from_logits)
+    tokens = decode(torch.ones(4, 3, dtype=torch.long))
     expected = torch.tensor([[BOS, 4, 4, EOS, PAD],
                              [BOS, EOS, PAD, PAD, PAD],
                              [BOS, 7, EOS, PAD, PAD],
@@ -179,6 +183,10 @@ def test_the_loop_refuses_bad_arguments_by_name():
         StaticGreedy(fused(CONFIG), max_len=41, bos_id=BOS, eos_id=EOS)
     with pytest.raises(TypeError, match=r"compile_mode must be a torch\.compile mode or None"):
         StaticGreedy(fused(CONFIG), max_len=8, bos_id=BOS, eos_id=EOS, compile_mode=True)
+    with pytest.raises(TypeError, match=r"freezing must be a bool, got str 'yes'"):
+        StaticGreedy(fused(CONFIG), max_len=8, bos_id=BOS, eos_id=EOS, compile_mode="default", freezing="yes")
+    with pytest.raises(ValueError, match="freezing is a compile option: give a compile_mode too"):
+        StaticGreedy(fused(CONFIG), max_len=8, bos_id=BOS, eos_id=EOS, freezing=True)
     decode = StaticGreedy(fused(CONFIG), max_len=8, bos_id=BOS, eos_id=EOS)
     with pytest.raises(ValueError, match="src_mask must mask source keys only"):
         decode(torch.ones(2, 5, dtype=torch.long), torch.ones(2, 1, 5, 5, dtype=torch.bool))

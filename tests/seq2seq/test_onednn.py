@@ -1,0 +1,67 @@
+"""The oneDNN lever of the fast decoding path: a packed copy whose decoder and generator linears
+compute nn.Linear's product (to float32 rounding), leaving the model and its encoder as they
+were; decoding on it gives the eager decoders' tokens; refused where oneDNN cannot run it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from common.masks import padding_mask
+from seq2seq.data import tasks
+from seq2seq.decoding.beam import beam_search
+from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.decoding.onednn import OneDnnLinear, with_onednn_linears
+from seq2seq.decoding.static import StaticBeam, StaticGreedy
+from tests.helpers import small_config
+from variants import build
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+
+
+def test_a_packed_linear_computes_the_linears_product():
+    linear = nn.Linear(48, 80)
+    x = torch.randn(3, 5, 48)  # leading dims kept, as nn.Linear keeps them
+    expected = x.double() @ linear.weight.double().T + linear.bias.double()  # float64, by hand
+    torch.testing.assert_close(OneDnnLinear(linear)(x).double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_decoder_and_generator_linears_are_packed_in_a_copy():
+    model = build("fused", small_config(dropout=0.0), seed=0).eval()
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    packed = with_onednn_linears(model)
+    kinds = {name: type(module) for name, module in packed.named_modules()}
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    assert linears and all(kinds[name] is (OneDnnLinear if name.startswith(("decoder.", "generator"))
+                                           else nn.Linear) for name in linears)
+    assert any(name.startswith("encoder.") for name in linears)
+    assert all(type(module) is not OneDnnLinear for module in model.modules())  # the model is left
+    assert all(torch.equal(model.state_dict()[name], value) for name, value in before.items())
+
+
+def test_decoding_on_onednn_linears_gives_the_eager_tokens(copy_model):
+    """float32 copy model: greedy tokens and beam hypotheses of the eager growing-cache decoders,
+    two batches through one decoder."""
+    model = copy_model.build("fused", torch.float32)
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    greedy = StaticGreedy(model, onednn=True, **arguments)
+    beam = StaticBeam(model, onednn=True, **arguments)
+    for src in (copy_model.src[:32], copy_model.src[32:]):
+        src_mask = padding_mask(src, 0)
+        assert torch.equal(greedy(src, src_mask), greedy_decode(model, src, src_mask, **arguments))
+        expected = beam_search(model, src, src_mask, **arguments)
+        found = beam(src, src_mask)
+        assert torch.equal(found.tokens, expected.tokens)
+        torch.testing.assert_close(found.scores, expected.scores)
+
+
+def test_onednn_is_refused_where_it_cannot_run():
+    model = build("fused", small_config(dropout=0.0), seed=0).eval()
+    need = r"oneDNN linears need a float32 model on a CPU .* got torch\.float64 on cpu"
+    with pytest.raises(ValueError, match=need):
+        with_onednn_linears(model.double())
+    with pytest.raises(TypeError, match=r"onednn must be a bool, got int 1"):
+        StaticGreedy(model, max_len=8, bos_id=1, eos_id=2, onednn=1)
+    with pytest.raises(ValueError, match="onednn runs the step eagerly: give compile_mode None"):
+        StaticBeam(model, max_len=8, bos_id=1, eos_id=2, onednn=True, compile_mode="default", freezing=True)
