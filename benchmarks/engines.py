@@ -1,4 +1,7 @@
-"""Decode rows for the deployment engines: ONNX Runtime and CTranslate2, float32 and int8.
+"""Decode rows for the deployment engines, ONNX Runtime and CTranslate2 (float32 and int8), and
+for plain PyTorch's fast path beside them (``seq2seq.decoding.static``, float32 only): "inductor",
+fused's static step compiled with inductor freezing; "onednn", the same step eager with its
+linears on oneDNN (``seq2seq.decoding.onednn``). Both take greedy's argmax over the logits.
 
     rows = engine_rows(model, batch, max_len=65, directory=tmp, threads=2)
     for row in rows:                      # "onnxruntime float32", ..., "ctranslate2 int8"
@@ -11,7 +14,8 @@ are the suite's own greedy_decode and beam_search driving the sessions
 (``seq2seq.deploy.onnx_runtime``), so its beam is the suite's; CTranslate2's beam is its own
 search, with its own length penalty (docs/deployment.md). Exporting is done here, once, before
 any timing; the calls then only decode. int8 is ONNX Runtime's dynamic quantization and
-CTranslate2's ``compute_type="int8"``.
+CTranslate2's ``compute_type="int8"``. The fast-path rows hold fused with the same weights; the
+inductor row's first calls, which compile, are its compile time (``EngineRow.compiles``).
 """
 
 from __future__ import annotations
@@ -22,22 +26,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor, nn
 
 from benchmarks.steps import beam_step, decode_step
 from benchmarks.workload import BOS_ID, eos_id
 from common.batches import Batch
+from common.weights import transfer
 from seq2seq.decoding.beam import ALPHA, BEAM_SIZE
-from variants import variant_argument
+from seq2seq.decoding.static import StaticBeam, StaticGreedy
+from variants import build, variant_argument
 
 if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for
     from seq2seq.deploy.ctranslate import CTranslate2Model
 
-ENGINES = ("onnxruntime", "ctranslate2")
+ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn")
+FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True)}
 PRECISIONS = ("float32", "int8")
 ENGINE_MODES = ("decode", "beam")  # the decode modes an engine row has (no full-recompute decode)
 # the module each engine needs: the deploy extra, pip install -e ".[deploy]"
-ENGINE_MODULES = {"onnxruntime": ("onnx", "onnxscript", "onnxruntime"), "ctranslate2": ("ctranslate2",)}
+ENGINE_MODULES = {"onnxruntime": ("onnx", "onnxscript", "onnxruntime"), "ctranslate2": ("ctranslate2",),
+                  "inductor": (), "onednn": ()}
 
 
 def row_argument(text: str) -> str:
@@ -77,6 +86,7 @@ class EngineRow:
     engine: str  # one of ENGINES
     precision: str  # one of PRECISIONS
     steps: dict[str, Callable[[], Tensor]]  # mode in ENGINE_MODES -> a call returning (B, L) ids
+    compiles: bool = False  # whether its first calls compile (their time is its compile time)
 
     @property
     def label(self) -> str:
@@ -142,7 +152,25 @@ def engine_rows(
         for precision in settings.precisions:
             engine = ctranslate.CTranslate2Model(exported, compute_type=precision, threads=settings.threads)
             rows.append(EngineRow("ctranslate2", precision, ctranslate2_steps(engine, batch, max_len)))
+    for engine, levers in FAST_PATHS.items():  # float32 only (docs/deployment.md: why no int8)
+        if engine in settings.engines and "float32" in settings.precisions:
+            rows.append(EngineRow(engine, "float32", fast_path_steps(model, batch, max_len, levers),
+                                  compiles="compile_mode" in levers))
     return rows
+
+
+def fast_path_steps(model: nn.Module, batch: Batch, max_len: int,
+                    levers: dict) -> dict[str, Callable[[], Tensor]]:
+    """Greedy decoding and beam search (beam 4, alpha 0.6) on fused's static step under
+    ``levers`` (``StaticGreedy``'s options), fused holding ``model``'s weights; with a compile
+    mode, each call after the first decodes on the compiled graph."""
+    fast = build("fused", model.config)
+    transfer(model, fast)
+    fast = fast.to(device=batch.src.device, dtype=torch.float32).eval()
+    ids = dict(max_len=max_len, bos_id=BOS_ID, eos_id=eos_id(model.config), **levers)
+    greedy, beam = StaticGreedy(fast, **ids), StaticBeam(fast, beam_size=BEAM_SIZE, alpha=ALPHA, **ids)
+    return {"decode": lambda: greedy(batch.src, batch.src_mask),
+            "beam": lambda: beam(batch.src, batch.src_mask).tokens}
 
 
 def ctranslate2_steps(

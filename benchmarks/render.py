@@ -137,8 +137,9 @@ def table_rows(block: dict, show_compile: bool, show_decode: bool, show_decoders
                wide: bool = False) -> tuple[list[str], list[list[str]]]:
     """The column titles and a line of formatted cells per row of ``block``: the compact
     columns, or with ``wide`` every column the run measured."""
+    compiled_rows = any(result.get("compile_s") is not None for result in block["rows"])  # inductor's
     columns = [c for c in (WIDE_COLUMNS if wide else COMPACT_COLUMNS)
-               if (show_compile or c[1] not in COMPILE_COLUMNS)
+               if (show_compile or c[1] not in COMPILE_COLUMNS or (c[1] == "compile_s" and compiled_rows))
                and (show_decode or c[1] not in DECODE_COLUMNS)
                and ((show_decode and show_decoders) or c[1] not in DECODERS_COLUMNS)]
     return [c[0] for c in columns], [[cell(result, key, fmt, wide) for _, key, fmt in columns]

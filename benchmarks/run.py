@@ -176,7 +176,10 @@ def build_engine_rows(settings: Settings, block: Block, reference: Row, director
     for engine in exported:
         modes = tuple(mode for mode in settings.modes if mode in engine.steps)
         row = Row(engine.label, None, cells={mode: Cell() for mode in modes}, steps=dict(engine.steps))
-        count_decoded_ids(row, warm_up(row, modes, block.device))
+        first_calls = warm_up(row, modes, block.device)
+        count_decoded_ids(row, first_calls)
+        if engine.compiles and len(first_calls) == len(modes):
+            row.compile_s = sum(call.seconds for call in first_calls.values())
         rows.append(row)
     return rows
 
