@@ -22,7 +22,9 @@ streams its weights. The levers change what the cached step is made of (the unca
 keeps the model's eager step): ``--decode-dtype`` casts the model, ``--generator-layout dv``
 projects through a (D, V) contiguous copy of the generator's weight, ``--compile-step`` runs the
 cached step through torch.compile (compiled before the timed run), ``--static`` uses fused's
-static-shape step (``seq2seq.decoding.static``).
+static-shape step (``seq2seq.decoding.static``), and ``--freezing`` with both compiles it with
+inductor freezing, and ``--onednn`` runs its linears on oneDNN (``seq2seq.decoding.onednn``):
+the levers of compare.py's inductor row.
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the cached step through torch.compile (inductor), compiled before timing")
     parser.add_argument("--static", action="store_true",
                         help="fused's static-shape cached step (a preallocated cache), not the growing one")
+    parser.add_argument("--freezing", action="store_true",
+                        help="with --static --compile-step: inductor freezing (the weights prepacked "
+                        "as constants of the compiled step), the fast decoding path")
+    parser.add_argument("--onednn", action="store_true",
+                        help="with --static: the decoder's linears on oneDNN, weights packed once")
     parser.add_argument("--bandwidth-mib", type=positive(int),
                         help="the buffer the read bandwidth is measured on (default: 4x the last-level "
                         "cache, at least 256 MiB)")
@@ -89,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.src_len > config.max_seq_len:
         parser.error(f"--src-len must be at most the preset's max_seq_len={config.max_seq_len}, "
                      f"got {args.src_len}")
+    if args.freezing and not (args.static and args.compile_step):
+        parser.error("--freezing is a lever of the compiled static step: "
+                     "give --static and --compile-step too")
+    plain_float32 = args.decode_dtype == "float32" and args.generator_layout == "linear"
+    if args.onednn and not (args.static and plain_float32 and not args.compile_step):
+        parser.error("--onednn is a lever of the float32 static step with nn.Linear's generator, eager: "
+                     "give --static, without --decode-dtype, --generator-layout or --compile-step")
     if args.static and args.variant != "fused":
         parser.error(f"--static needs --variant fused (the one row with a static step), got {args.variant}")
     choice = None if args.ops else settle_threads(args.threads, DEFAULT_THREADS)  # --ops times nothing
@@ -104,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
               f"batch {args.batch} x src {args.src_len}")
         print(tabulate(counts, ["variant", "operators"], tablefmt="github"))
         return 0
-    levers = Levers(DTYPES[args.decode_dtype], args.generator_layout, args.compile_step, args.static)
+    levers = Levers(DTYPES[args.decode_dtype], args.generator_layout, args.compile_step, args.static,
+                    args.freezing, args.onednn)
     model = build(args.variant, config, seed=0).to(levers.decode_dtype).eval()
     src, _, src_mask, _ = random_batch(config, args.batch, args.src_len, 1).inputs()
     bandwidth = BandwidthSettings(threads=threads, min_run_time=args.bandwidth_seconds,
@@ -182,10 +197,14 @@ class Levers:
     generator_layout: str = "linear"  # "linear": nn.Linear's (V, D) weight; "dv": a (D, V) copy
     compile_step: bool = False  # the cached step through torch.compile (inductor, default mode)
     static: bool = False  # fused's static-shape step (preallocated cache) instead of the growing one
+    freezing: bool = False  # with compile_step and static: inductor freezing (weights prepacked)
+    onednn: bool = False  # with static: the decoder's linears on oneDNN (seq2seq.decoding.onednn)
 
     def describe(self) -> str:
         parts = ["static" if self.static else "growing cache", f"generator {self.generator_layout}"]
-        return ", ".join([*parts, "compiled" if self.compile_step else "eager"])
+        parts += ["oneDNN linears"] if self.onednn else []
+        return ", ".join([*parts, ("compiled, frozen" if self.freezing else "compiled")
+                          if self.compile_step else "eager"])
 
 
 class DVGenerator:
@@ -218,7 +237,8 @@ def cached_next_token(model: torch.nn.Module, src: Tensor, src_mask: Tensor, max
     if levers.generator_layout == "dv":
         model = DVGenerator(model)
     if levers.static:
-        static = StaticNextToken(model, max_len, "default" if levers.compile_step else None)
+        static = StaticNextToken(model, max_len, "default" if levers.compile_step else None,
+                                 freezing=levers.freezing, onednn=levers.onednn)
         static.start(src, src_mask)
         if levers.compile_step:
             greedy_steps(static, src.shape[0], min(WARM_UP_STEPS, max_len - 1))

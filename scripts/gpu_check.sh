@@ -11,8 +11,9 @@
 #      (--max-seq-len 2048: the sinusoid table has no weights, so the model is the same);
 #   5. where the base train step's GPU time goes, eager, float32 and bfloat16: a table and a PNG;
 #   6. what the id-range check's host sync costs a small CUDA forward (pytest-benchmark);
-#   7. greedy decoding of the base model (8 x 64, 64 generated ids) on fused's static-shape step,
-#      eager and as a CUDA graph (torch.compile mode reduce-overhead), beside the growing cache's.
+#   7. greedy decoding and beam search (beam 4) of the base model (8 x 64, 64 generated ids) on
+#      fused's static-shape step, eager and as a CUDA graph (torch.compile mode reduce-overhead),
+#      frozen too, beside the growing cache's: the fast decoding path on a GPU.
 # Results go under $OUT (default ./gpu-out); render a json with benchmarks.render.render.
 # Usage: bash scripts/gpu_check.sh [pytest s] [compare s] [long-sequence s] [breakdown s] [sync s]
 #        [static decode s]
@@ -47,8 +48,9 @@ echo "time_breakdown: exit $?" | tee -a "$OUT/breakdown.txt"
 timeout "${5:-90}" "$PYTHON" -m pytest benchmarks/bench_range_check.py -p no:cacheprovider \
     --benchmark-columns=median,iqr >"$OUT/range_check.txt" 2>&1
 echo "range check: exit $?" | tee -a "$OUT/range_check.txt"
-timeout "${6:-180}" "$PYTHON" -m scripts.static_decode --device cuda --preset base --batch 8 --src-len 64 \
-    --max-len 65 --modes eager reduce-overhead --min-run-time 1 >"$OUT/static_decode.txt" 2>&1
-echo "static greedy: exit $?" | tee -a "$OUT/static_decode.txt"
+timeout "${6:-300}" "$PYTHON" -m scripts.static_decode --device cuda --preset base --batch 8 --src-len 64 \
+    --max-len 65 --modes eager reduce-overhead --freezing --search greedy beam --min-run-time 1 \
+    >"$OUT/static_decode.txt" 2>&1
+echo "static decoding: exit $?" | tee -a "$OUT/static_decode.txt"
 tail -n 5 "$OUT/pytest_gpu.txt" "$OUT/compare_base.log" "$OUT/compare_long.log" "$OUT/breakdown.txt" \
     "$OUT/range_check.txt" "$OUT/static_decode.txt"

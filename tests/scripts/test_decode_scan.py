@@ -94,6 +94,30 @@ def test_static_needs_the_fused_variant(capsys):
     assert "--static needs --variant fused" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("missing", [["--static"], ["--compile-step"]])
+def test_freezing_is_a_lever_of_the_compiled_static_step(missing, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--max-len", "3", "--variant", "fused", "--freezing", *missing])
+    assert stop.value.code == 2
+    assert "--freezing is a lever of the compiled static step" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("others", [[], ["--static", "--decode-dtype", "bfloat16"],
+                                    ["--static", "--generator-layout", "dv"], ["--static", "--compile-step"]])
+def test_onednn_is_a_lever_of_the_float32_static_step(others, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*TINY, "--max-len", "3", "--variant", "fused", "--onednn", *others])
+    assert stop.value.code == 2
+    assert "--onednn is a lever of the float32 static step" in capsys.readouterr().err
+
+
+def test_the_onednn_static_step_is_scanned_and_named(capsys):
+    assert main([*TINY, "--max-len", "3", "--variant", "fused", "--static", "--onednn"]) == 0
+    out = capsys.readouterr().out
+    assert "cached step: static, generator linear, oneDNN linears, eager" in out
+    assert len(table(out)) == 2
+
+
 def test_compile_step_compiles_the_cached_step_and_warms_it_up_before_timing(monkeypatch, capsys):
     """torch.compile stood in for by a recorder: the cached path goes through what it returned,
     the warm-up steps first; the uncached path does not."""

@@ -19,7 +19,22 @@ def test_a_row_per_decoder_each_with_the_baselines_tokens(capsys):
     assert main(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--src-len", "4", "--max-len", "4",
                  "--modes", "eager", "--min-run-time", "0.01"]) == 0
     rows = re.findall(r"^\| (.+?) +\|.*\| (yes|no) +\|$", capsys.readouterr().out, flags=re.M)
-    assert rows == [("greedy_decode (growing cache)", "yes"), ("static, eager", "yes")]
+    assert rows == [("greedy_decode (growing cache)", "yes"), ("static greedy, eager", "yes")]
+
+
+def test_each_lever_is_a_row_and_each_search_has_its_baseline(capsys):
+    """Beam rows against beam_search's hypotheses, greedy rows against greedy_decode's tokens;
+    eager has no frozen row (freezing is a compile option)."""
+    assert main(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--src-len", "4", "--max-len", "4",
+                 "--modes", "eager", "--search", "greedy", "beam", "--log-probs", "--freezing", "--onednn",
+                 "--min-run-time", "0.01"]) == 0
+    rows = re.findall(r"^\| (.+?) +\|.*\| (yes|no) +\|$", capsys.readouterr().out, flags=re.M)
+    assert rows == [("greedy_decode (growing cache)", "yes"), ("static greedy, eager", "yes"),
+                    ("static greedy, eager, argmax of log-probs", "yes"),
+                    ("static greedy, eager, oneDNN", "yes"),
+                    ("static greedy, eager, oneDNN, argmax of log-probs", "yes"),
+                    ("beam_search (growing cache)", "yes"), ("static beam, eager", "yes"),
+                    ("static beam, eager, oneDNN", "yes")]
 
 
 def test_the_gpu_scripts_command_is_accepted(monkeypatch):
@@ -32,6 +47,7 @@ def test_the_gpu_scripts_command_is_accepted(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     settings = parse(options)
     assert (settings.device.type, settings.modes) == ("cuda", ("eager", "reduce-overhead"))
+    assert settings.searches == ("greedy", "beam")
 
 
 def test_a_length_past_max_seq_len_is_refused(capsys):
@@ -39,3 +55,10 @@ def test_a_length_past_max_seq_len_is_refused(capsys):
         parse(["--device", "cpu", "--preset", "tiny", "--max-len", "129"])
     assert stop.value.code == 2
     assert "--max-len must lie in [2, max_seq_len=128]" in capsys.readouterr().err
+
+
+def test_onednn_is_refused_off_cpu_float32(capsys):
+    with pytest.raises(SystemExit) as stop:
+        parse(["--device", "cpu", "--preset", "tiny", "--dtype", "bfloat16", "--onednn"])
+    assert stop.value.code == 2
+    assert "--onednn is a CPU float32 lever, got --device cpu --dtype bfloat16" in capsys.readouterr().err
