@@ -430,6 +430,9 @@ class MetricStatistic:
     h: float  # Kruskal–Wallis H over the rows (every run of a row is one group)
     p_value: float
     epsilon_squared: float  # the effect size H / (n - 1), from 0 (no row effect) to 1
+    friedman_q: float  # Friedman's Q: the rows ranked within each (seed, control); NaN below 3 rows
+    friedman_p: float
+    kendall_w: float  # its effect size Q / (blocks (k - 1)): 0 no shared order, 1 one order in every block
 
 
 def metric_statistic(records: list[dict], metric: str) -> MetricStatistic:
@@ -463,7 +466,26 @@ def metric_statistic(records: list[dict], metric: str) -> MetricStatistic:
     else:
         test = scipy.stats.kruskal(*rows.values())
         h, p_value = float(test.statistic), float(test.pvalue)
-    return MetricStatistic(metric, between, within, h, p_value, h / (len(values) - 1))
+    q, q_p, w = friedman(records, metric, sorted(rows))
+    return MetricStatistic(metric, between, within, h, p_value, h / (len(values) - 1), q, q_p, w)
+
+
+def friedman(records: list[dict], metric: str, rows: list[str]) -> tuple[float, float, float]:
+    """Friedman's test of the rows with each (seed, control) a block, every row run once in it:
+    (Q, p, Kendall's W). It asks whether the rows keep an order within blocks, so the spread
+    from seed to seed, which the blocks share, does not count against the rows (the design the
+    study runs; Kruskal–Wallis pools it in). Blocks missing a row are left out; with fewer than
+    three rows, or fewer than two blocks, NaN."""
+    blocks = [{r["variant"]: metric_value(r, metric) for r in group}
+              for group in _grouped(records, _seed_and_control).values()]
+    blocks = [block for block in blocks if all(row in block for row in rows)]
+    if len(rows) < 3 or len(blocks) < 2:
+        return math.nan, math.nan, math.nan
+    if all(len(set(block.values())) == 1 for block in blocks):  # every block a tie: no order
+        return 0.0, 1.0, 0.0
+    test = scipy.stats.friedmanchisquare(*([block[row] for block in blocks] for row in rows))
+    q = float(test.statistic)
+    return q, float(test.pvalue), q / (len(blocks) * (len(rows) - 1))
 
 
 def identical_shares(records: list[dict], beam: int) -> tuple[float, float]:
@@ -484,7 +506,7 @@ def identical_shares(records: list[dict], beam: int) -> tuple[float, float]:
 
 
 STUDY_HEADERS = ("measure", "between rows", "within a row (rounding)", "between / within",
-                 "Kruskal-Wallis H", "p", "epsilon^2")
+                 "Kruskal-Wallis H", "p", "epsilon^2", "Friedman Q", "p (Friedman)", "Kendall's W")
 
 
 def study_table(records: list[dict]) -> str:
@@ -496,11 +518,12 @@ def study_table(records: list[dict]) -> str:
         s = metric_statistic(records, metric)
         ratio = s.between / s.within if s.within > 0 else float("nan")
         cells.append([f"{METRIC_NAMES[metric]} (SD)", f"{s.between:.4f}", f"{s.within:.4f}", f"{ratio:.2f}",
-                      f"{s.h:.3f}", f"{s.p_value:.3g}", f"{s.epsilon_squared:.3f}"])
+                      f"{s.h:.3f}", f"{s.p_value:.3g}", f"{s.epsilon_squared:.3f}",
+                      f"{s.friedman_q:.3f}", f"{s.friedman_p:.3g}", f"{s.kendall_w:.3f}"])
     for beam, name in ((BEAM_SIZE, f"beam {BEAM_SIZE}"), (1, "greedy")):
         between, within = identical_shares(records, beam)
         cells.append([f"identical translations ({name})", f"{between:.1%}", f"{within:.1%}",
-                      "-", "-", "-", "-"])
+                      *["-"] * 7])
     runs = len(records)
     rows = len({r["variant"] for r in records})
     seeds = len({r["seed"] for r in records})

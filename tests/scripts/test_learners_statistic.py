@@ -35,6 +35,38 @@ def test_spreads_and_kruskal_against_a_hand_computation():
     assert s.h == pytest.approx(h, rel=1e-12)
     assert s.p_value == pytest.approx(math.exp(-h / 2), rel=1e-9)  # chi-squared, 2 degrees of freedom
     assert s.epsilon_squared == pytest.approx(h / 8, rel=1e-12)
+    # Friedman, blocks = controls 0, 1, 2 of seed 0: A < B < C in each, ranks 1 2 3, sums 3 6 9;
+    # Q = 12 / (n k (k + 1)) * sum(R_j^2) - 3 n (k + 1) with n = 3 blocks, k = 3 rows
+    q = 12 / (3 * 3 * 4) * (3 ** 2 + 6 ** 2 + 9 ** 2) - 3 * 3 * 4
+    assert q == pytest.approx(6.0)
+    assert s.friedman_q == pytest.approx(q, rel=1e-12)
+    assert s.friedman_p == pytest.approx(math.exp(-q / 2), rel=1e-9)  # chi-squared, 2 degrees of freedom
+    assert s.kendall_w == pytest.approx(q / (3 * 2), rel=1e-12)  # 1: the same order in every block
+
+
+def test_friedman_ranks_within_blocks_so_seed_spread_does_not_hide_a_row():
+    """Two seeds far apart (values +100 at seed 1) with the rows' order the same in each block:
+    Kruskal–Wallis, pooling the seeds, misses the row effect at 5%; Friedman, blocking on them,
+    finds it."""
+    order = {"A": 0.0, "B": 0.1, "C": 0.2}
+    records = [record(row, control, 100.0 * seed + offset + 0.01 * control, seed=seed)
+               for seed in (0, 1) for control in (0, 1) for row, offset in order.items()]
+    s = metric_statistic(records, "valid_loss")
+    # KW over the 12 pooled values: ranks A 1 2 7 8, B 3 4 9 10, C 5 6 11 12 -> sums 18 26 34
+    h = 12 / (12 * 13) * (18 ** 2 + 26 ** 2 + 34 ** 2) / 4 - 3 * 13
+    assert s.h == pytest.approx(h, rel=1e-12)
+    assert s.p_value == pytest.approx(math.exp(-h / 2), rel=1e-9) and s.p_value > 0.05  # no effect seen
+    # 4 blocks, ranks 1 2 3 in each: sums 4 8 12 -> Q = 12 / (4 * 3 * 4) * 224 - 3 * 4 * 4 = 8
+    assert s.friedman_q == pytest.approx(8.0, rel=1e-12)
+    assert s.friedman_p == pytest.approx(math.exp(-4.0), rel=1e-9)
+    assert s.kendall_w == pytest.approx(1.0)
+
+
+def test_friedman_needs_three_rows():
+    two = [record(row, control, value) for row, values in list(VALUES.items())[:2]
+           for control, value in enumerate(values)]
+    s = metric_statistic(two, "valid_loss")
+    assert math.isnan(s.friedman_q) and math.isnan(s.friedman_p) and not math.isnan(s.h)
 
 
 def test_beam_bleu_spreads_scale_with_the_values():
@@ -68,6 +100,7 @@ def test_the_table_shows_every_measure():
              for line in table.splitlines() if line.startswith("| ")}
     assert lines["valid loss (SD)"][:3] == ["3.0000", "1.0000", "3.00"]
     assert lines["valid loss (SD)"][3] == "7.200"
+    assert lines["valid loss (SD)"][6] == "6.000" and lines["valid loss (SD)"][8] == "1.000"
     assert lines["identical translations (beam 4)"][:2] == ["100.0%", "100.0%"]
 
 
