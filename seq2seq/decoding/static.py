@@ -122,9 +122,11 @@ class StaticNextToken:
         """The step itself, what ``torch.compile`` captures: (B, 1) ids -> (B, V)."""
         return self.model.project(self.model.static_step(last, position, cache))[:, -1]
 
-    def reordered_log_probs(self, last: Tensor, position: Tensor, origin: Tensor, cache: object) -> Tensor:
-        """Beam search's step: each row continues row ``origin`` (B,), then ``log_probs``."""
-        cache.reorder_beams(origin)
+    def reordered_log_probs(self, last: Tensor, position: Tensor, origin: Tensor, cache: object,
+                            written: int | None) -> Tensor:
+        """Beam search's step: each row continues row ``origin`` (B,) in the first ``written``
+        slots (None: all), then ``log_probs``."""
+        cache.reorder_beams(origin, written)
         return self.log_probs(last, position, cache)
 
     def most_likely(self, last: Tensor, position: Tensor, cache: object) -> Tensor:
@@ -145,9 +147,11 @@ class StaticNextToken:
 
     def __call__(self, tokens: Tensor) -> Tensor:
         self.feed(tokens)
-        if self.reorders:
-            return self.step(self.last, self.position, self.origin, self.cache)  # (B, V)
-        return self.step(self.last, self.position, self.cache)  # (B, V)
+        if not self.reorders:
+            return self.step(self.last, self.position, self.cache)  # (B, V)
+        # eager, only the slots written so far move; compiled, every slot (its shapes stay)
+        written = None if self.compiled else tokens.shape[1] - 1
+        return self.step(self.last, self.position, self.origin, self.cache, written)  # (B, V)
 
     def next_ids(self, tokens: Tensor) -> Tensor:
         """(B, L) prefixes -> (B,) the most likely next ids (greedy decoding)."""

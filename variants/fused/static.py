@@ -72,15 +72,17 @@ class StaticCache:
     def dtype(self) -> torch.dtype:
         return self.layers[0].cross_keys.dtype
 
-    def reorder_beams(self, origin: Tensor) -> None:
+    def reorder_beams(self, origin: Tensor, written: int | None = None) -> None:
         """Row i continues old row ``origin[i]`` (B,), in place, where every row comes from a row
         of its own source, as beam search's do: the self-attention keys, values and their mask
         move; the cross-attention keys and values and the source mask, the same for every row
-        of a source, stay."""
-        self.key_mask.copy_(self.key_mask.index_select(0, origin))  # (B, max_len)
+        of a source, stay. ``written``: only the first ``written`` slots move (the later ones are
+        written before any step reads them); None, every slot (shapes that never change)."""
+        slots = slice(None) if written is None else slice(0, written)
+        self.key_mask[:, slots] = self.key_mask[:, slots].index_select(0, origin)  # (B, written)
         for layer in self.layers:
-            layer.self_keys.copy_(layer.self_keys.index_select(0, origin))  # (B, max_len, D)
-            layer.self_values.copy_(layer.self_values.index_select(0, origin))  # (B, max_len, D)
+            layer.self_keys[:, slots] = layer.self_keys[:, slots].index_select(0, origin)  # (B, written, D)
+            layer.self_values[:, slots] = layer.self_values[:, slots].index_select(0, origin)
 
     def buffers(self) -> list[Tensor]:
         """Every tensor a step reads or writes: what a CUDA graph must find at the same address."""
