@@ -105,7 +105,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
         if len(set(args.seeds)) != len(args.seeds):
             parser.error(f"--seeds names a seed twice: {' '.join(map(str, args.seeds))}")
         if len(set(args.variants)) < 2:  # the statistic compares rows with each other
-            parser.error(f"the study compares rows: give --variants at least two, got {' '.join(args.variants)}")
+            parser.error("the study compares rows: give --variants at least two, "
+                         f"got {' '.join(args.variants)}")
     overrides = {field: getattr(args, field) for field in OVERRIDES if getattr(args, field) is not None}
     if args.steps is not None or args.minutes is not None:
         overrides |= {"minutes": args.minutes,
