@@ -20,10 +20,10 @@ again instead of compiling anew.
 
 ``compile_mode`` None runs the step eagerly; otherwise it is ``torch.compile``'s mode, with
 ``freezing`` inductor's freezing on top: the weights become constants of the compiled graph, on
-CPU packed for the step's matrix products. ``onednn`` (CPU float32) decodes on a copy whose
-decoder and generator linears run oneDNN's product on weights packed once
-(``seq2seq.decoding.onednn``). Either way a decoder must not outlive a change to the model's
-weights (build a new one).
+CPU packed for the step's matrix products (the cache is then not marked as of static address,
+which freezing would fold in too). ``onednn`` (CPU float32) decodes on a copy whose decoder and
+generator linears run oneDNN's product on weights packed once (``seq2seq.decoding.onednn``):
+build a new decoder after changing the model's weights.
 
 Shape legend:
     B  batch (beam search: sources x beams)   S  source length
@@ -84,6 +84,7 @@ class StaticNextToken:
         self.model = with_onednn_linears(model) if onednn else model  # a packed copy, or the model
         self.max_len = max_len
         self.compiled = compile_mode is not None
+        self.freezing = freezing
         self.reorders = reorders
         self.step = compiled(self.reordered_log_probs if reorders else self.log_probs, compile_mode, freezing)
         self.ids_step = compiled(self.most_likely, compile_mode, freezing)
@@ -114,7 +115,10 @@ class StaticNextToken:
             # (B,); a refill keeps the last batch's: at the first step every beam of a source
             # holds the same BOS, so moving rows within a source changes nothing
             self.origin = torch.arange(rows, device=src.device)
-            if self.compiled:  # a CUDA graph writes these in place: only at addresses it may keep
+            # a CUDA graph writes these in place: only at addresses it may keep. Not with freezing,
+            # which would fold tensors of static address into the graph as constants, so a refill
+            # would go unseen
+            if self.compiled and not self.freezing:
                 for buffer in self.cache.buffers():
                     torch._dynamo.mark_static_address(buffer, guard=True)
 

@@ -109,22 +109,6 @@ def test_frozen_compiled_decoders_give_the_eager_tokens(copy_model, norm_first):
         torch.testing.assert_close(found.scores, expected.scores)
 
 
-@pytest.mark.slow
-def test_freezing_makes_the_weights_constants_of_the_compiled_step():
-    """With freezing the compiled step keeps the weights it was compiled with (what makes
-    prepacking them possible); without it, it reads the model's current weights."""
-    model, src, src_mask, eos = random_fused(norm_first=False)
-    arguments = dict(max_len=8, bos_id=BOS, eos_id=eos)
-    frozen = StaticGreedy(model, compile_mode="default", freezing=True, **arguments)
-    live = StaticGreedy(model, compile_mode="default", **arguments)
-    before = frozen(src, src_mask)
-    assert torch.equal(live(src, src_mask), before)
-    with torch.no_grad():
-        model.generator.bias[eos] += 1e3  # now every row ends at once
-    assert torch.equal(frozen(src, src_mask), before)
-    assert live(src, src_mask).shape[1] == 2
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("freezing", [False, True], ids=["live", "frozen"])
