@@ -6,7 +6,7 @@ One job per module, in the order a run uses them:
     steps          the timed steps (forward, forward + backward, decoding), autocast, compiling
     dropout_masks  the compile backend: inductor with dropout's masks drawn by aten
     machine        whether the cores are busy, the threads to time with, the OpenMP wait policy
-    settings       ``Settings``: everything one run is asked to do, frozen; compare.py's options -> it
+    settings       ``Settings``: everything one run is asked to do, frozen; compare.py's options, -> it
     measured       what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
     ratios         ratios paired by round with their bootstrap interval; the rounds' shuffled orders
     timing         ``torch.utils.benchmark`` timers for the steps and the matmul peak

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from benchmarks.engines import ENGINES, engines_problem
-from benchmarks.machine import ThreadChoice, wait_policy_problem
+from benchmarks.engines import ENGINES, engines_problem, row_argument
+from benchmarks.machine import WAIT_POLICIES, ThreadChoice, wait_policy_problem
 from benchmarks.plot import matplotlib_problem, path_problem
-from benchmarks.workload import PRESETS, Shape, check_lengths, paired_shapes
+from benchmarks.render import FORMATS
+from benchmarks.workload import DTYPES, PRESETS, Shape, check_lengths, paired_shapes
+from common.cli import positive
 from common.config import TransformerConfig
 from variants import VARIANTS, ordered
 
@@ -58,6 +60,76 @@ class Settings:
         modes = ("forward", "train") + (decoders if self.decode_len > 1 else ())
         # with compile, the eager steps too, timed in the same rounds: the speed-up columns
         return modes + (("forward_eager", "train_eager") if self.compile else ())
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """compare.py's options, each with its help; ``settings_from_options`` turns them into
+    ``Settings``."""
+    parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="cpu",
+                        help="where to run; 'all' = cpu, and cuda when present (default cpu)")
+    parser.add_argument("--preset", choices=tuple(PRESETS), default="small",
+                        help="model size; base = the paper's 512/8/6/2048/37000, paper-base and "
+                             "paper-big = its Table 3 models, embeddings shared (default small)")
+    parser.add_argument("--batch", type=positive(int), nargs="+",
+                        help="batch size(s), paired with the lengths (default: the preset's)")
+    parser.add_argument("--src-len", type=positive(int), nargs="+", help="source length(s)")
+    parser.add_argument("--tgt-len", type=positive(int), nargs="+",
+                        help="target length(s) (default: the source lengths)")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), nargs="+", default=["float32"],
+                        help="one block per dtype; the model is cast to it (default float32)")
+    parser.add_argument("--autocast", action="store_true",
+                        help="keep float32 weights and run under torch.autocast(dtype) instead")
+    parser.add_argument("--dropout", type=float, help="dropout (default: the config's 0.1)")
+    parser.add_argument("--max-seq-len", type=positive(int), metavar="N",
+                        help="longest length the model takes (default: the preset's); the "
+                             "sinusoid table has no weights, so the model is otherwise the same")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each model; compile time and the speed-up over eager "
+                             "(timed in the same rounds) get their own columns")
+    parser.add_argument("--freeze", action="store_true",
+                        help="with --compile: inductor freezing for the eval forward (weights folded "
+                             "in as constants; the CPU inference setting)")
+    parser.add_argument("--variants", type=row_argument, nargs="+", default=list(VARIANTS),
+                        metavar="ROW", help=f"{', '.join(VARIANTS)}, pkg.module:Class, or a deployment "
+                        f"engine timed decoding only: {', '.join(ENGINES)} (default: the variants; "
+                        "a ×torch needs the torch row)")
+    parser.add_argument("--threads", type=positive(int),
+                        help=f"CPU threads (default {torch.get_num_threads()}, fewer when other "
+                             "processes hold cores; given, it is kept, with a warning if they do)")
+    parser.add_argument("--omp-wait-policy", choices=WAIT_POLICIES,
+                        help="OpenMP threads between operators: spin (active) or sleep (passive); "
+                             "set before torch loads (default: OMP_WAIT_POLICY, else OpenMP's)")
+    parser.add_argument("--format", choices=FORMATS, default="github", metavar="FORMAT",
+                        help="a tabulate style (github, grid, latex, ...), json or csv (default github)")
+    parser.add_argument("--output", metavar="FILE", help="write the table here instead of stdout")
+    parser.add_argument("--plot", metavar="FILE.png",
+                        help="also draw the times relative to torch as a PNG (needs the plot extra)")
+    parser.add_argument("--rounds", type=positive(int), default=ROUNDS,
+                        help="rounds, each timing every row once in a fresh shuffled order; ratios "
+                             f"are paired by round, with 95%% intervals over them (default {ROUNDS})")
+    parser.add_argument("--min-run-time", type=positive(float), default=MIN_RUN_TIME, metavar="SECONDS",
+                        help="seconds of a cell's block of calls in a round, at least one call "
+                             f"(default {MIN_RUN_TIME})")
+    parser.add_argument("--no-control", action="store_true",
+                        help="do not time torch a second time as the control (torch against itself, "
+                             "the run's resolution; on by default)")
+    parser.add_argument("--processes", type=positive(int), default=1, metavar="N",
+                        help="repeat the measurement in N fresh interpreters and pool their rounds; "
+                             "intervals then resample processes, then rounds (default 1)")
+    parser.add_argument("--decode-len", type=positive(int), default=16, metavar="L",
+                        help="greedy-decoding length incl. BOS for the decode column; 1 skips it "
+                             "(default 16)")
+    parser.add_argument("--wide", action="store_true",
+                        help="show every column (the default table is the compact one)")
+    parser.add_argument("--all-decoders", action="store_true",
+                        help="beside cached greedy decoding, also time greedy decoding by full "
+                             "recompute and beam-4 search (their columns are in --wide and json/csv)")
+    parser.add_argument("--no-torch-fast-path", action="store_true",
+                        help="turn off nn.Transformer's fused eval kernels (torch.backends.mha)")
+    parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
+                        help="keep: glibc keeps freed memory (see keep_freed_memory); default: leave it")
+    parser.add_argument("--seed", type=int, default=0, help="weights and batch seed (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
 def settings_from_options(args: argparse.Namespace, command: str, environ: Mapping[str, str]) -> Settings:
