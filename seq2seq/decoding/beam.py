@@ -86,11 +86,13 @@ def beam_search(
 
 
 def check_beam_arguments(model: object, src: object, src_mask: object, max_len: object, bos_id: object,
-                         eos_id: object, use_cache: object, beam_size: object,
-                         alpha: object) -> TransformerConfig:
+                         eos_id: object, use_cache: object, beam_size: object, alpha: object, *,
+                         max_len_may_be_none: bool = True) -> TransformerConfig:
     """``beam_search``'s arguments, before any tensor work: greedy decoding's checks, a beam of at
-    least one, a non-negative alpha and no padding-only source."""
-    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache)
+    least one, a non-negative alpha and no padding-only source. A static cache needs its
+    ``max_len`` (``max_len_may_be_none=False``)."""
+    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache,
+                             max_len_may_be_none=max_len_may_be_none)
     check_int("beam_size", beam_size, low=1)
     check_number("alpha", alpha, low_closed=True)  # a negative alpha would favour short output
     check_no_empty_source(src, src_mask)

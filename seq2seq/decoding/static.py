@@ -3,10 +3,10 @@
 ``seq2seq.decoding.beam.beam_search``.
 
     decode = StaticGreedy(model.eval(), max_len=20, bos_id=1, eos_id=2,
-                          compile_mode="default", freezing=True)  # CPU; "reduce-overhead" on CUDA
-    tokens = decode(src, padding_mask(src, pad_id))               # (B, L), L <= 20
-    best = StaticBeam(model.eval(), max_len=20, bos_id=1, eos_id=2, compile_mode="default",
-                      freezing=True)(src, padding_mask(src, pad_id))  # Hypotheses
+                          onednn=True)          # CPU float32; on CUDA compile_mode="reduce-overhead"
+    tokens = decode(src, padding_mask(src, pad_id))       # (B, L), L <= 20
+    best = StaticBeam(model.eval(), max_len=20, bos_id=1, eos_id=2,
+                      onednn=True)(src, padding_mask(src, pad_id))  # Hypotheses
 
 The model must have a static step (``start_static_cache`` and ``static_step``: ``variants.fused``).
 Its cache holds ``max_len`` positions from the start; every step has the same shapes: the last
@@ -212,9 +212,9 @@ class StaticBeam:
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  beam_size: int = BEAM_SIZE, alpha: float = ALPHA, compile_mode: str | None = None,
                  freezing: bool = False, onednn: bool = False) -> None:
-        self.config = check_arguments(model, None, max_len, bos_id, eos_id, True, max_len_may_be_none=False)
         self.arguments = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha)
-        check_beam_arguments(model, None, None, **self.arguments, use_cache=True)
+        self.config = check_beam_arguments(model, None, None, **self.arguments, use_cache=True,
+                                           max_len_may_be_none=False)
         self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
                                                reorders=True)
 
