@@ -51,6 +51,17 @@ def positive(kind: type[int] | type[float]) -> Callable[[str], int | float]:
     return parse
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def config_or_exit(parser: argparse.ArgumentParser, base: TransformerConfig | None = None,
                    **fields) -> TransformerConfig:
     """``TransformerConfig(**fields)`` (or ``base.replace(**fields)``); a bad value is a usage error."""

@@ -36,7 +36,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from common.cli import Parser, config_or_exit, device_or_exit, one_line, positive, write_probe
+from common.cli import (
+    Parser,
+    config_or_exit,
+    device_or_exit,
+    non_negative_int,
+    one_line,
+    positive,
+    write_probe,
+)
 from scripts.learners_study import (
     DTYPES,
     LearnersResult,
@@ -129,17 +137,6 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
     if problem := write_probe(args.out):
         parser.error(f"--out {args.out}: not writable ({problem.strerror or problem})")
     return args, settings
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
 
 
 def study_fingerprint(settings: LearnersSettings) -> dict:
