@@ -133,7 +133,7 @@ class Meaning(HTMLParser):
     ``"``), Pygments' own token spans and style sheet left out (a release may colour a token
     differently), the project's marks kept (marked lines, line numbers, line ids)."""
 
-    OWN_SPANS = {"hll", "linenos", "legend", "from"}
+    OWN_SPANS = frozenset({"hll", "linenos", "legend", "from"})
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
@@ -191,10 +191,7 @@ def test_committed_pages_are_what_the_command_writes():
     quotes and name tokens differently, and the page must not go stale when Pygments moves."""
     for path, text in side_by_side.pages().items():
         committed = (ROOT / path).read_text(encoding="utf-8")
-        if path.suffix == ".html":
-            same = meaning(committed) == meaning(text)
-        else:
-            same = committed == text
+        same = meaning(committed) == meaning(text) if path.suffix == ".html" else committed == text
         assert same, (f"{path} is not what the command writes now (with Pygments "
                       f"{pygments.__version__}): {REGENERATE}")
 
