@@ -13,10 +13,13 @@ from pathlib import Path
 from common.cli import Parser, file_problem, one_line, positive
 from seq2seq.training.averaging import average_files
 from seq2seq.training.checkpoint import save
-from seq2seq.training.run import list_checkpoints
+from seq2seq.training.run import CHECKPOINT_NAME, list_checkpoints
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options; a one-line usage error (exit status 2) for an ``--output`` that bears a
+    training checkpoint's name (``step-N.pt``, in any folder: a later ``--resume`` there would read
+    the model file as a checkpoint) or that cannot be written."""
     parser = Parser(prog="python -m seq2seq.average",
                     description="Average the weights of the last K checkpoints of a run into one "
                                 "model file that python -m seq2seq.decode loads.")
@@ -25,9 +28,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--last", type=positive(int), default=5, metavar="K",
                         help="how many of the newest checkpoints (the paper: 5)")
     parser.add_argument("--output", type=Path, required=True,
-                        help="the model file to write (its directory is created if missing)")
+                        help="the model file to write, not named like a checkpoint (step-N.pt); its "
+                             "directory is created if missing")
     args = parser.parse_args(argv)
-    if problem := file_problem(args.output):  # before any checkpoint is read
+    # before any checkpoint is read, or any folder made
+    if CHECKPOINT_NAME.fullmatch(args.output.name):
+        parser.error(f"--output {args.output}: step-N.pt is a training checkpoint's name; a run resumed "
+                     f"in {args.output.parent} would take this model file for a checkpoint: name it "
+                     "otherwise, e.g. average.pt")
+    if problem := file_problem(args.output):
         parser.error(f"--output {problem}")
     return args
 

@@ -75,9 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     A bad value is a one-line usage error (exit status 2): ``TaskData`` (through
     ``tasks.check_settings``) checks the task settings, ``TransformerConfig`` the model's,
     ``Recipe`` the optimiser's, ``CorpusSettings`` and ``TranslationSettings`` translation's; the
-    device must hold values, and ``--checkpoint-dir`` must take files (it is created here), so
-    that no run fails at its first save. With ``--task translate`` the ``--preset`` gives the
-    defaults of the model, recipe and run options, and any option given overrides it.
+    device must hold values, and ``--checkpoint-dir`` must take files (it is created here, but
+    never for ``--resume``, which needs a folder of checkpoints), so that no run fails at its
+    first save. With ``--task translate`` the ``--preset`` gives the defaults of the model,
+    recipe and run options, and any option given overrides it.
     """
     parser = Parser(prog="python -m seq2seq.train", description="Train one variant with the paper's recipe "
                     "on a synthetic task or a translation corpus (under torchrun, with DDP), then score it.")
@@ -113,7 +114,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest checkpoint in --checkpoint-dir")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start afresh in a --checkpoint-dir that holds checkpoints, deleting them")
+                        help="start afresh in a --checkpoint-dir that holds checkpoints, deleting them "
+                             "just before the first new one is written")
     parser.add_argument("--keep-checkpoints", type=int, default=KEEP_CHECKPOINTS, metavar="N",
                         help=f"keep the newest N checkpoints (default {KEEP_CHECKPOINTS}; 0 keeps all)")
     translation = parser.add_argument_group(
@@ -150,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--resume continues the checkpoints that --overwrite deletes: give one of them")
     if args.keep_checkpoints < 0:
         parser.error(f"--keep-checkpoints must be at least 0 (0 keeps all), got {args.keep_checkpoints}")
+    if args.resume:
+        _resume_args(parser, args.checkpoint_dir)
     found = [] if args.checkpoint_dir is None or args.resume else list_checkpoints(args.checkpoint_dir)
     if found and not args.overwrite:
         parser.error(f"--checkpoint-dir {args.checkpoint_dir} holds {len(found)} checkpoints of an "
@@ -164,6 +168,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.checkpoint_dir is not None and (problem := directory_problem(args.checkpoint_dir)):
         parser.error(f"--checkpoint-dir {problem}")
     return args
+
+
+def _resume_args(parser: Parser, directory: Path) -> None:
+    """Refuse ``--resume`` from a folder that is missing (it is not created) or holds no
+    checkpoint, before any work."""
+    if not directory.is_dir():
+        parser.error(f"--checkpoint-dir {directory}: no such directory; --resume continues the "
+                     "checkpoints of a run written there")
+    if not list_checkpoints(directory):
+        parser.error(f"--checkpoint-dir {directory} holds no checkpoint (step-*.pt) for --resume "
+                     "to continue")
 
 
 def _task_args(parser: Parser, args: argparse.Namespace) -> None:
@@ -212,9 +227,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     world = World.from_environment()
+    # options of the same names; with --overwrite, the run's first save deletes the earlier run's
     settings = RunSettings(**{field.name: getattr(args, field.name)
-                              for field in dataclasses.fields(RunSettings)})  # options of the same names
-    run.clear_checkpoints(settings, world)
+                              for field in dataclasses.fields(RunSettings)})
     device = distributed.device_for(args.device, world)
     progress = sys.stderr if world.is_main else None
     with distributed.process_group(world, device):

@@ -303,8 +303,9 @@ def run_translation(run: RunSettings, settings: TranslationSettings, corpus_sett
     and the test split's BLEU and chrF, greedy and beam 4 (other ranks get no lines).
 
     ``progress``: the stream of the bar (rank 0); ``note``: the run's remarks (its first line,
-    pairs left out, each validation). Data the run cannot use, or a checkpoint it cannot resume
-    from, raise ``RunError``.
+    pairs left out, each validation). Data the run cannot use (a bad corpus, a vocabulary it
+    cannot fill, no train pair within ``max_seq_len``), or a checkpoint it cannot resume from,
+    raise ``RunError`` before any training, and before ``run.overwrite`` deletes anything.
     """
     def remark(line: str) -> None:
         if note is not None and world.is_main:
@@ -340,6 +341,9 @@ def run_translation(run: RunSettings, settings: TranslationSettings, corpus_sett
                            settings.pool_size, run.seed)
     try:
         train, long_train = within(encode_pairs(vocabulary, corpus.pairs("train")), max_len)
+        if not train.sources:
+            raise ValueError(f"all {long_train} train pairs are longer than max_seq_len={max_len} "
+                             "(source or target, BOS and EOS included): nothing left to train on")
         batches = TokenBatches(train, data)
     except ValueError as error:
         raise RunError(one_line(error)) from error

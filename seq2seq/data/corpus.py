@@ -140,10 +140,11 @@ def normalize(text: str, form: str = "NFKC") -> str:
 def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     """The (English, French) pairs of an export, as written (not normalised), in file order.
 
-    Lines end in LF, CRLF or a lone CR (universal newlines). A blank line is skipped; a NUL
-    byte, a truncated zip, a line without two non-empty tab-separated columns (a third, the
-    attribution, is dropped), bytes that are not UTF-8, a missing file, an unreadable zip and
-    a file without a single pair are each a ``ValueError`` naming the file (and the line).
+    Lines end in LF, CRLF or a lone CR (universal newlines). A blank line is skipped; a UTF-16
+    or UTF-32 file (named as such), a NUL byte, a truncated zip, a line without two non-empty
+    tab-separated columns (a third, the attribution, is dropped), bytes that are not UTF-8, a
+    missing file, an unreadable zip and a file without a single pair are each a ``ValueError``
+    naming the file (and the line).
     """
     path = Path(path)
     if not path.is_file():
@@ -156,6 +157,8 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
         if data.startswith(b"PK\x03\x04"):  # a zip's first entry, without its directory at the end
             raise ValueError(f"{path}: a damaged zip (truncated, or not fully downloaded?): "
                              "its central directory is missing")
+    if encoding := _wide_encoding(data):
+        raise ValueError(f"{where}: looks like {encoding}; convert it to UTF-8 (an export is UTF-8 text)")
     pairs = []
     # universal line ends, as Python's text files read them: LF, CRLF and a lone CR
     for number, raw in enumerate(data.splitlines(), start=1):
@@ -182,6 +185,25 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     if not pairs:
         raise ValueError(f"{where}: holds no sentence pairs (an empty export?)")
     return pairs
+
+
+# byte-order marks, UTF-32's before UTF-16's (UTF-32 LE's starts with UTF-16 LE's)
+_BYTE_ORDER_MARKS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                     (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
+def _wide_encoding(data: bytes) -> str | None:
+    """"UTF-16" or "UTF-32" for text that starts with that encoding's byte-order mark, "UTF-16"
+    for text without one whose first bytes hold a NUL in every other byte at least half the time
+    and none in between (Latin text in UTF-16), else None."""
+    for mark, encoding in _BYTE_ORDER_MARKS:
+        if data.startswith(mark):
+            return encoding
+    sample = data[:256]
+    for nuls, others in ((sample[0::2], sample[1::2]), (sample[1::2], sample[0::2])):
+        if len(nuls) >= 2 and 2 * nuls.count(0) >= len(nuls) and 0 not in others:
+            return "UTF-16"
+    return None
 
 
 def _text_in_zip(path: Path) -> tuple[str, bytes]:

@@ -101,8 +101,14 @@ class Vocabulary:
 
     def pieces(self, ids: Sequence[int]) -> list[str]:
         """The piece each id stands for, as sentencepiece writes it (a word's first piece
-        starts with U+2581); PAD, BOS, EOS and UNK as ``<pad>``, ``<s>``, ``</s>``, ``<unk>``."""
-        return [self._processor.id_to_piece(int(i)) for i in ids]
+        starts with U+2581); PAD, BOS, EOS and UNK as ``<pad>``, ``<s>``, ``</s>``, ``<unk>``.
+        An id outside [0, size) is a ``ValueError``, one that is not an int a ``TypeError``."""
+        ids, size = list(ids), self.size
+        for i in ids:
+            check_int("pieces: id", i)
+            if not 0 <= i < size:
+                raise ValueError(f"pieces: id {i} is outside the vocabulary's [0, {size})")
+        return [self._processor.id_to_piece(i) for i in ids]
 
     def to_tensor(self) -> Tensor:
         """The serialized model as a 1-d uint8 tensor, the form a checkpoint stores."""

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from common.checks import check_int, check_number
 from common.config import TransformerConfig
-from seq2seq.decoding.greedy import NextToken, check_arguments, check_no_empty_source
+from seq2seq.decoding.greedy import NextToken, check_arguments, check_no_empty_source, eval_mode
 
 BEAM_SIZE = 4  # section 6.1
 ALPHA = 0.6  # section 6.1
@@ -72,17 +72,20 @@ def beam_search(
 
     ``max_len`` counts BOS, as in ``greedy_decode``; None: a source of n real (non-padding) ids
     gets at most n + 50 generated ids, and every row fits in ``max_seq_len`` positions.
-    ``use_cache=False`` decodes by full recompute even where the model has a cache.
+    ``use_cache=False`` decodes by full recompute even where the model has a cache. Decodes in
+    eval mode, as ``greedy_decode`` does: a model in train mode runs without dropout, and each
+    module's mode is given back afterwards.
     """
     config = check_beam_arguments(model, src, src_mask, max_len, bos_id, eos_id, use_cache,
                                   beam_size, alpha)
-    next_token_logp = NextToken(model, src, src_mask, use_cache)  # encodes, and checks src
-    rows = torch.arange(src.shape[0], device=src.device)  # (B,)
-    next_token_logp.reorder(rows.repeat_interleave(beam_size))  # B -> B·k rows: each source once per beam
-    # log-probabilities add up in float32 at least, float64 in a float64 model
-    dtype = torch.promote_types(next_token_logp.memory.dtype, torch.float32)
-    return search(next_token_logp, generated_limit(config, src, max_len), dtype, bos_id=bos_id,
-                  eos_id=eos_id, pad_id=config.pad_id, beam_size=beam_size, alpha=alpha)
+    with eval_mode(model):
+        next_token_logp = NextToken(model, src, src_mask, use_cache)  # encodes, and checks src
+        rows = torch.arange(src.shape[0], device=src.device)  # (B,)
+        next_token_logp.reorder(rows.repeat_interleave(beam_size))  # B -> B·k rows: each source once per beam
+        # log-probabilities add up in float32 at least, float64 in a float64 model
+        dtype = torch.promote_types(next_token_logp.memory.dtype, torch.float32)
+        return search(next_token_logp, generated_limit(config, src, max_len), dtype, bos_id=bos_id,
+                      eos_id=eos_id, pad_id=config.pad_id, beam_size=beam_size, alpha=alpha)
 
 
 def check_beam_arguments(model: object, src: object, src_mask: object, max_len: object, bos_id: object,

@@ -1,6 +1,7 @@
 """Greedy decoding (``greedy_decode``) through the interface every variant shares, with a
 key/value cache where the model has one; the next-token step it shares with beam search
-(``NextToken``), and the argument checks both run (``check_arguments``).
+(``NextToken``), the argument checks both run (``check_arguments``) and the eval mode both
+decode in (``eval_mode``).
 
     tokens = greedy_decode(model.eval(), src, padding_mask(src, pad_id),
                            max_len=20, bos_id=1, eos_id=2)  # (B, L), L <= 20
@@ -24,6 +25,9 @@ Shape legend:
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
@@ -87,35 +91,52 @@ def greedy_decode(
     BOS column alone; ``max_len`` has no default (None is a ``TypeError``).
     ``src_mask`` masks source keys, e.g. ``padding_mask(src, pad_id)`` of shape (B, 1, 1, S);
     ``None`` attends everywhere, as in ``encode``. ``use_cache=False`` decodes by full recompute
-    even where the model has a cache (the tokens are the same). Dropout is the caller's
-    business: put the model in eval mode first for deterministic output. The model's mode is
-    left unchanged.
+    even where the model has a cache (the tokens are the same). Decodes in eval mode, without
+    dropout, whatever mode the model is in: a model in train mode is switched to eval for the
+    call, and each module's own mode is given back afterwards, after an exception too
+    (``eval_mode``).
     """
     config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache, max_len_may_be_none=False)
     check_no_empty_source(src, src_mask)
     pad_id = config.pad_id
-    next_token_logp = NextToken(model, src, src_mask, use_cache)
-    batch = src.shape[0]
-    tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (B,)
-    # One step per generated position: each step needs the token the previous one chose.
-    for _ in range(max_len - 1):
-        next_token = next_token_logp(tokens).argmax(dim=-1)  # (B,)
-        next_token = next_token.masked_fill(finished, pad_id)  # finished rows only pad
-        tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, L + 1)
-        finished |= next_token == eos_id
-        if finished.all():
-            break
+    with eval_mode(model):
+        next_token_logp = NextToken(model, src, src_mask, use_cache)
+        batch = src.shape[0]
+        tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+        finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (B,)
+        # One step per generated position: each step needs the token the previous one chose.
+        for _ in range(max_len - 1):
+            next_token = next_token_logp(tokens).argmax(dim=-1)  # (B,)
+            next_token = next_token.masked_fill(finished, pad_id)  # finished rows only pad
+            tokens = torch.cat([tokens, next_token[:, None]], dim=1)  # (B, L + 1)
+            finished |= next_token == eos_id
+            if finished.all():
+                break
     return tokens
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block (no dropout); after it, each of its modules is in
+    the mode it was in before (a caller's mix of train and eval included), after an exception too."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
 
 
 def check_no_empty_source(src: object, src_mask: object) -> None:
     """Refuse a source row whose mask hides every position (a padding-only row): it has nothing
     to translate, and the variants' attention over no keys is not defined alike (NaN, or one row
     of padding ids and -inf scores). A ``ValueError`` naming the row; a mask that does not fit
-    ``src`` is left to ``encode``'s checks."""
+    ``src`` is left to ``encode``'s checks, and so is one on another device than ``src`` or
+    on the meta device (no values to read: ``encode`` names the device)."""
     if not (isinstance(src, Tensor) and src.ndim == 2 and isinstance(src_mask, Tensor)
-            and src_mask.dtype == torch.bool and src_mask.ndim <= 4 and src.shape[0] > 0):
+            and src_mask.dtype == torch.bool and src_mask.ndim <= 4 and src.shape[0] > 0
+            and src_mask.device == src.device and src_mask.device.type != "meta"):
         return
     try:
         keys = torch.broadcast_to(src_mask, (*((1,) * (4 - src_mask.ndim)), *src_mask.shape))

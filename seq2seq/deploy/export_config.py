@@ -1,5 +1,6 @@
-"""What both engines share: the suite's config saved beside an export, and the checks of the
-source ids an engine is given (it never sees a mask: padding is ``config.pad_id``)."""
+"""What both engines share: the check of the model an export takes, the suite's config saved
+beside an export, and the checks of the source ids an engine is given (it never sees a mask:
+padding is ``config.pad_id``)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,23 @@ import json
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from common import checks
 from common.config import TransformerConfig
 
 CONFIG_FILE = "suite_config.json"  # the TransformerConfig an export computes, beside its files
+
+
+def check_model(model: object) -> TransformerConfig:
+    """The config of ``model``, a model of this suite (an ``nn.Module`` with a ``TransformerConfig``
+    as its ``config``: any row that ``variants.build`` makes); anything else is a ``TypeError``
+    naming what an export takes."""
+    config = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or not isinstance(config, TransformerConfig):
+        raise TypeError("model must be an nn.Module of this suite, with a TransformerConfig as its config "
+                        f"(see variants.build), got {type(model).__name__}")
+    return config
 
 
 def save_config(config: TransformerConfig, directory: Path) -> None:

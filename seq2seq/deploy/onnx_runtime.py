@@ -54,7 +54,7 @@ from common import checks
 from common.cache import batch_first, type_and_shape
 from common.config import TransformerConfig
 from common.weights import export_weights, import_weights
-from seq2seq.deploy.export_config import check_source_ids, load_config, save_config
+from seq2seq.deploy.export_config import check_model, check_source_ids, load_config, save_config
 from variants import build
 
 GRAPHS = ("encoder", "start", "step", "generator")
@@ -103,7 +103,11 @@ EXPORTERS = ("dynamo", "torchscript")
 
 def export_onnx(model: nn.Module, directory: str | Path, *, exporter: str = "dynamo") -> Path:
     """Export ``model``'s weights (any row's) as the four graphs, float32, into ``directory``, with
-    the suite's config beside them. The dynamo exporter takes several seconds per graph."""
+    the suite's config beside them. The dynamo exporter takes several seconds per graph.
+
+    Anything but a model of this suite is a ``TypeError``, an unknown ``exporter`` a
+    ``ValueError``, both before anything is written."""
+    config = check_model(model)
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
     if exporter == "dynamo":
@@ -113,7 +117,6 @@ def export_onnx(model: nn.Module, directory: str | Path, *, exporter: str = "dyn
             raise ImportError(
                 'the dynamo ONNX exporter needs onnxscript: pip install -e ".[deploy]"'
             ) from error
-    config = model.config
     fused = build("fused", config)
     import_weights(fused, export_weights(model))
     fused.eval()

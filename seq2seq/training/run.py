@@ -25,6 +25,7 @@ from typing import TextIO
 import torch
 from tqdm import tqdm
 
+from common.checks import check_int
 from common.cli import one_line
 from seq2seq.training.checkpoint import Checkpoint, load_checkpoint, save
 from seq2seq.training.distributed import SINGLE, World
@@ -68,7 +69,13 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path:
 @dataclass(frozen=True)
 class RunSettings:
     """What every run reads, whatever it trains on. ``steps``: in all (a resumed run continues up
-    to this many); ``keep_checkpoints``: the newest kept after each save (0 keeps all)."""
+    to this many); ``keep_checkpoints``: the newest kept after each save (0 or None keeps all);
+    ``overwrite``: delete the earlier run's checkpoints in ``checkpoint_dir``, just before this
+    run writes its first.
+
+    Refused when made: a ``keep_checkpoints`` that is not an int (a bool is not one) of at least
+    0, and ``resume`` with ``overwrite`` (the checkpoints one continues, the other deletes).
+    """
 
     variant: str
     steps: int
@@ -76,9 +83,16 @@ class RunSettings:
     bf16: bool = False
     checkpoint_dir: Path | None = None
     save_every: int | None = None
-    keep_checkpoints: int = 5
+    keep_checkpoints: int | None = 5
     resume: bool = False
     overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.keep_checkpoints is not None:
+            check_int("RunSettings.keep_checkpoints", self.keep_checkpoints, low=0)
+        if self.resume and self.overwrite:
+            raise ValueError("RunSettings.resume continues the checkpoints that RunSettings.overwrite "
+                             "deletes: set one of them")
 
 
 class RunError(Exception):
@@ -87,7 +101,9 @@ class RunError(Exception):
 
 
 def clear_checkpoints(settings: RunSettings, world: World = SINGLE) -> None:
-    """With ``overwrite``, delete the earlier run's checkpoints (rank 0)."""
+    """With ``overwrite``, delete the earlier run's checkpoints (rank 0). ``train`` calls it just
+    before the run's first save, so a run that fails before (bad data, a vocabulary it cannot
+    train, a checkpoint it cannot resume from) deletes nothing."""
     if settings.overwrite and world.is_main:
         for old in list_checkpoints(settings.checkpoint_dir):
             old.unlink(missing_ok=True)
@@ -170,14 +186,15 @@ def train(settings: RunSettings, trainer: Trainer, run: Callable[[OnStep], list[
     losses and the seconds it took.
 
     Checkpoints are written when due (every ``save_every`` steps and at the last; every rank takes
-    part, rank 0 writes), ``vocabulary`` inside; a run that stops early (out of ``minutes``) is saved
-    at its last step. On rank 0, ``progress`` (a stream) shows the bar and ``every_step`` runs after
-    each step's save.
+    part, rank 0 writes), ``vocabulary`` inside; with ``overwrite``, the earlier run's go just before
+    the first. A run that stops early (out of ``minutes``) is saved at its last step. On rank 0,
+    ``progress`` (a stream) shows the bar and ``every_step`` runs after each step's save.
     """
     saved = trainer.step
+    earlier_run_cleared = not settings.overwrite
 
     def save_now(step: int) -> None:
-        nonlocal saved
+        nonlocal saved, earlier_run_cleared
         checkpoint = trainer.checkpoint(settings.variant)  # collective: every rank calls it
         saved = step
         if checkpoint is None:  # not rank 0
@@ -186,6 +203,9 @@ def train(settings: RunSettings, trainer: Trainer, run: Callable[[OnStep], list[
             checkpoint = dataclasses.replace(checkpoint, vocabulary=vocabulary)
         path = checkpoint_path(settings.checkpoint_dir, step)
         try:
+            if not earlier_run_cleared:  # the run has started: what --overwrite asked for
+                clear_checkpoints(settings, trainer.world)
+                earlier_run_cleared = True
             save(checkpoint, path)
             if settings.keep_checkpoints:  # only once the newest is safely written
                 for old in list_checkpoints(settings.checkpoint_dir)[:-settings.keep_checkpoints]:

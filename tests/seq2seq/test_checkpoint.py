@@ -12,13 +12,15 @@ import torch
 from common.weights import canonical_shapes, export_weights
 from seq2seq import average, decode
 from seq2seq import train as train_cli
-from seq2seq.data.tasks import task_batches
+from seq2seq.data.tasks import TaskBatches, TaskData, task_batches
+from seq2seq.training import run
 from seq2seq.training.averaging import average_files, average_weights
 from seq2seq.training.checkpoint import ModelFile, build_model, load, load_checkpoint, save
 from seq2seq.training.recipe import Recipe
-from seq2seq.training.run import checkpoint_path, latest_checkpoint, list_checkpoints
+from seq2seq.training.run import RunSettings, checkpoint_path, latest_checkpoint, list_checkpoints
 from seq2seq.training.trainer import Trainer
 from tests.helpers import small_config
+from tests.seq2seq.test_translation_cli import one_line_error
 from variants import build
 
 CONFIG = small_config(dropout=0.1)  # dropout on: a resume must restore the RNG to be exact
@@ -241,6 +243,44 @@ def test_a_crash_mid_write_leaves_the_previous_file(tmp_path, monkeypatch):
     assert load_checkpoint(first).step == 1
 
 
+@pytest.mark.parametrize("keep", [0, None])
+def test_keep_checkpoints_zero_or_none_keeps_every_checkpoint(keep, tmp_path):
+    settings = RunSettings("explicit", steps=3, checkpoint_dir=tmp_path, save_every=1, keep_checkpoints=keep)
+    data = TaskData("copy", 4, 19, 1, 5, 0)
+    trainer = run.start(settings, TaskBatches(data), CONFIG, RECIPE)
+    run.train(settings, trainer)
+    assert list_checkpoints(tmp_path) == [checkpoint_path(tmp_path, step) for step in (1, 2, 3)]
+
+
+@pytest.mark.parametrize(("keep", "kind", "said"), [
+    (-1, ValueError, "must be at least 0, got -1"), (1.5, TypeError, "must be an int, got float 1.5"),
+    ("2", TypeError, "must be an int, got str '2'"), (True, TypeError, "must be an int, got bool True"),
+])
+def test_keep_checkpoints_that_is_not_a_count_is_refused_by_name(keep, kind, said, tmp_path):
+    """Refused when the settings are made, before any run: -1 used to delete each checkpoint
+    right after writing it, 1.5 and '2' to fail after the first save."""
+    with pytest.raises(kind, match=rf"RunSettings\.keep_checkpoints {said}"):
+        RunSettings("explicit", steps=3, checkpoint_dir=tmp_path, save_every=1, keep_checkpoints=keep)
+
+
+def test_run_settings_refuse_to_resume_and_overwrite_at_once(tmp_path):
+    """The checkpoints one continues, the other deletes: refused when the settings are made."""
+    with pytest.raises(ValueError, match=r"RunSettings\.resume .* RunSettings\.overwrite"):
+        RunSettings("explicit", steps=3, checkpoint_dir=tmp_path, resume=True, overwrite=True)
+
+
+def test_resume_from_a_missing_or_empty_folder_is_refused_and_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "typo" / "run"
+    err = one_line_error(capsys, lambda: train_cli.main(cli_options(missing, "--steps", "2", "--resume")))
+    assert f"--checkpoint-dir {missing}: no such directory" in err and "--resume" in err, err
+    assert not (tmp_path / "typo").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    err = one_line_error(capsys, lambda: train_cli.main(cli_options(empty, "--steps", "2", "--resume")))
+    assert f"--checkpoint-dir {empty} holds no checkpoint (step-*.pt)" in err, err
+    assert list(empty.iterdir()) == []
+
+
 # --- averaging -----------------------------------------------------------------------------
 
 
@@ -305,3 +345,24 @@ def test_average_then_decode_commands(tmp_path, capsys, monkeypatch):
     assert shown[2].startswith("held-out exact-sequence accuracy: ") and "/16 copy sequences" in shown[2]
     with pytest.raises(SystemExit, match="--last 9 needs 9 checkpoints"):
         average.main(["--checkpoint-dir", str(tmp_path), "--last", "9", "--output", str(output)])
+
+
+@pytest.mark.parametrize("name", [
+    "step-00000001.pt",  # older than the run's checkpoints
+    "step-00000002.pt",  # an older one of them
+    "step-00000003.pt",  # the newest
+    "step-00000009.pt",  # newer than the newest
+    "step-4.pt",  # the pattern's digits, unpadded
+    "elsewhere/step-00000005.pt",  # another folder: a run may write there too
+])
+def test_average_refuses_to_write_a_training_checkpoints_name(name, tmp_path, capsys):
+    """A model file under a checkpoint's name would be the newest (or an) checkpoint a later
+    --resume reads, and it holds no optimiser state: refused before anything is read or made."""
+    directory = tmp_path / "run"
+    saved_run(directory, steps=(2, 3))
+    before = files(tmp_path)
+    output = directory / name
+    err = one_line_error(capsys, lambda: average.main(
+        ["--checkpoint-dir", str(directory), "--last", "2", "--output", str(output)]))
+    assert f"--output {output}: " in err and "training checkpoint" in err, err
+    assert files(tmp_path) == before and not (directory / "elsewhere").exists()

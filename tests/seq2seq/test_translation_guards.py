@@ -13,6 +13,7 @@ import zipfile
 
 import pytest
 import torch
+from sacrebleu.metrics import BLEU, CHRF
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
@@ -20,7 +21,7 @@ from common.masks import padding_mask
 from common.weights import export_weights
 from seq2seq import average, train, translate, translation
 from seq2seq.data.batches import EncodedPairs, within
-from seq2seq.data.corpus import CorpusSettings, load_corpus, read_pairs
+from seq2seq.data.corpus import CorpusSettings, Example, load_corpus, read_pairs
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.data.subwords import VocabularySettings, train_vocabulary
 from seq2seq.decoding.beam import beam_search
@@ -31,6 +32,7 @@ from seq2seq.training.checkpoint import ModelFile, load, load_checkpoint, save
 from seq2seq.training.recipe import StepReport
 from seq2seq.training.run import checkpoint_path, list_checkpoints, progress_bar
 from seq2seq.translation import TranslationModel, training_sentences
+from tests.seq2seq.conftest import write_export
 from tests.seq2seq.test_translation_cli import TINY_MODEL, one_line_error
 from variants import build
 
@@ -61,6 +63,32 @@ def test_a_nul_byte_and_a_truncated_zip_are_named(tmp_path):
         read_pairs(cut)
 
 
+def test_a_nul_byte_in_a_lines_first_column_is_named(tmp_path):
+    path = tmp_path / "nul.txt"
+    path.write_bytes(b"Go.\tVa !\n\x00Hi.\tSalut.\n")
+    with pytest.raises(ValueError, match=r"nul\.txt, line 2: holds a NUL byte \(column 1\)"):
+        read_pairs(path)
+    path.write_bytes(b"\x00Go.\tVa !\n")
+    with pytest.raises(ValueError, match=r"nul\.txt, line 1: holds a NUL byte \(column 1\)"):
+        read_pairs(path)
+
+
+@pytest.mark.parametrize(("encoding", "named"), [
+    ("utf-16", "UTF-16"), ("utf-16-le", "UTF-16"), ("utf-16-be", "UTF-16"), ("utf-32", "UTF-32"),
+])
+def test_a_utf16_or_utf32_export_is_named_by_its_encoding(tmp_path, encoding, named):
+    """Python's "utf-16" and "utf-32" write a byte-order mark, "-le" and "-be" none."""
+    path = tmp_path / "fra.txt"
+    path.write_text("Go.\tVa !\nHi.\tSalut.\n", encoding=encoding)
+    with pytest.raises(ValueError, match=rf"fra\.txt: looks like {named}; convert it to UTF-8"):
+        read_pairs(path)
+    zipped = tmp_path / "fra-eng.zip"
+    with zipfile.ZipFile(zipped, "w") as archive:
+        archive.write(path, "fra.txt")
+    with pytest.raises(ValueError, match=rf"fra-eng\.zip:fra\.txt: looks like {named}; convert it to UTF-8"):
+        read_pairs(zipped)
+
+
 def test_references_equal_after_normalisation_are_kept_once(tmp_path):
     lines = ["Thanks!\tMerci\u202f!", "Thanks!\tMerci\u00a0!", "Thanks!\tMerci !", "Thanks!\tMerci bien !"]
     lines += [f"Go {n}.\tVa {n} !" for n in range(300)]  # enough sentences for three splits
@@ -89,6 +117,25 @@ def test_bleu_reads_every_reference_not_only_the_first():
     assert corpus_scores(hypotheses, references).bleu == pytest.approx(100.0)
     only_first = corpus_scores(hypotheses, [refs[:1] for refs in references]).bleu
     assert only_first < 10.0
+
+
+def test_evaluate_reads_every_reference_not_only_the_first(echo):
+    """Through ``evaluate``: each source's second reference is (nearly) its translation, the
+    first shares nothing with it; the expected scores are sacreBLEU's own on the strings."""
+    model, vocabulary = echo
+    sources = ["the cat sees the house.", "my father likes a song.", "our teacher follows the dog."]
+    hypotheses = [normal(s) for s in sources]  # the echo model's translations
+    first = ["nothing in common", "words unrelated here", "quite another line"]
+    second = [hypotheses[0], "my father likes a book.", hypotheses[2]]
+    examples = [Example(source, (one, two)) for source, one, two in zip(sources, first, second, strict=True)]
+    expected_bleu = BLEU().corpus_score(hypotheses, [first, second]).score
+    expected_chrf = CHRF().corpus_score(hypotheses, [first, second]).score
+    only_first = BLEU().corpus_score(hypotheses, [first]).score
+    assert only_first < 10.0 < expected_bleu < 100.0  # the case tells the two apart
+    scores = translation.evaluate(model, vocabulary, examples, beam_sizes=(1, 2))
+    for size in (1, 2):
+        assert scores[size].bleu == pytest.approx(expected_bleu, abs=1e-9)
+        assert scores[size].chrf == pytest.approx(expected_chrf, abs=1e-9)
 
 
 # --- translating ------------------------------------------------------------------------------
@@ -188,6 +235,17 @@ def test_validation_loss_of_no_pairs_and_decoding_an_unknown_id_are_refused(echo
         vocabulary.decode([[-1]])
 
 
+def test_the_pieces_of_an_id_outside_the_vocabulary_are_refused(echo):
+    _, vocabulary = echo
+    size = vocabulary.size
+    assert vocabulary.pieces([0, 1, 2, 3]) == ["<pad>", "<s>", "</s>", "<unk>"]
+    for bad in (size, 100_000, -1):
+        with pytest.raises(ValueError, match=rf"pieces: id {bad} is outside the vocabulary's \[0, {size}\)"):
+            vocabulary.pieces([5, bad])
+    with pytest.raises(TypeError, match=r"pieces: id must be an int, got str 'x'"):
+        vocabulary.pieces(["x"])
+
+
 def test_pairs_longer_than_the_model_are_left_out():
     pairs = EncodedPairs([torch.arange(3), torch.arange(5), torch.arange(4)],
                          [torch.arange(4), torch.arange(2), torch.arange(6)])
@@ -255,6 +313,51 @@ def test_a_fresh_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path, c
     train.main(["--steps", "2", *SMALL_TASK, "--checkpoint-dir", str(directory), "--overwrite"])
     assert [path.name for path in list_checkpoints(directory)] == ["step-00000002.pt"]
     assert load_checkpoint(checkpoint_path(directory, 2)).step == 2
+
+
+def long_pairs_export(sample_corpus, path):
+    """The sample corpus with every French sentence repeated to more than 256 words: each pair
+    longer than the preset's max_seq_len of 256 positions (a word is one piece at least)."""
+    pairs = [(english, " ".join([french] * (256 // len(french.split()) + 1)))
+             for english, french in sample_corpus.pairs]
+    return write_export(path, pairs)
+
+
+@pytest.mark.parametrize(("problem", "said"), [
+    ("a bad corpus line", "line 3: expected 2 or 3 tab-separated columns"),
+    ("a vocabulary the corpus cannot fill", "cannot train a bpe vocabulary of 4000 pieces"),
+    ("every pair too long", "longer than max_seq_len=256"),
+])
+def test_overwrite_deletes_nothing_when_the_run_cannot_start(sample_corpus, tmp_path, capsys, problem, said):
+    """``--overwrite`` deletes the earlier run's checkpoints only once the corpus, the vocabulary
+    and the settings are known good, just before the first checkpoint is written."""
+    directory = tmp_path / "run"
+    directory.mkdir()
+    for step in (3, 4):
+        checkpoint_path(directory, step).write_bytes(f"the earlier run's step {step}".encode())
+    before = {path.name: path.read_bytes() for path in directory.iterdir()}
+    corpus, vocab = sample_corpus.path, "120"
+    if problem == "a bad corpus line":
+        corpus = tmp_path / "fra.txt"
+        lines = sample_corpus.path.read_text(encoding="utf-8").splitlines()
+        corpus.write_text("\n".join([*lines[:2], "one column only", *lines[2:]]) + "\n", encoding="utf-8")
+    elif problem == "a vocabulary the corpus cannot fill":
+        vocab = "4000"
+    else:
+        corpus = long_pairs_export(sample_corpus, tmp_path / "fra.txt")
+    err = one_line_error(capsys, lambda: train.main(
+        ["--task", "translate", "--data", str(corpus), *TINY_MODEL, "--vocab", vocab, "--steps", "1",
+         "--checkpoint-dir", str(directory), "--overwrite"]), code=1)
+    assert said in err, err
+    assert {path.name: path.read_bytes() for path in directory.iterdir()} == before
+
+
+def test_a_corpus_whose_every_pair_is_too_long_is_named(sample_corpus, tmp_path, capsys):
+    corpus = long_pairs_export(sample_corpus, tmp_path / "fra.txt")
+    train_pairs = len(load_corpus(CorpusSettings(str(corpus))).pairs("train"))
+    err = one_line_error(capsys, lambda: train.main(
+        ["--task", "translate", "--data", str(corpus), *TINY_MODEL, "--steps", "1"]), code=1)
+    assert f"all {train_pairs} train pairs are longer than max_seq_len=256" in err, err
 
 
 def test_a_translation_run_refuses_to_resume_from_a_task_runs_checkpoint(sample_corpus, tmp_path, capsys):
