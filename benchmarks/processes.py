@@ -44,8 +44,14 @@ def run_processes(settings: Settings, processes: int) -> dict:
 
 
 def pool(reports: list[dict]) -> dict:
-    """One report from several processes' reports of the same settings."""
+    """One report from several processes' reports of the same settings; ValueError for no
+    reports, or reports whose blocks do not match."""
+    if not reports:
+        raise ValueError("pool needs at least one report, got none")
     first = reports[0]
+    counts = [len(report["blocks"]) for report in reports]
+    if len(set(counts)) > 1:
+        raise ValueError(f"pool needs reports of the same settings: their block counts differ ({counts})")
     meta = {**first["meta"], "processes": len(reports),
             "contended": any(report["meta"]["contended"] for report in reports)}
     blocks = [pool_block([report["blocks"][index] for report in reports], meta["order_seed"])

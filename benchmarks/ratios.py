@@ -10,7 +10,8 @@ logarithms: the statistic of a ratio, since it treats 1.1x slower and 1.1x faste
 gives torch / row as the inverse of row / torch. The interval is scipy's BCa bootstrap over
 the rounds (``scipy.stats.bootstrap``), seeded so that a report repeats.
 
-Rounds from several fresh processes (``compare.py --processes N``) carry a process index; their
+Rounds from several fresh processes (``compare.py --processes N``) carry a process index; they
+pair within their process (its k-th round of a row with its k-th round of torch), and their
 interval resamples processes, then rounds within each (a two-level percentile bootstrap, which
 scipy does not offer): a process's memory layout and thread placement stay fixed through its
 rounds, so rounds of one process are not independent of each other.
@@ -19,12 +20,15 @@ rounds, so rounds of one process are not independent of each other.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
+
+from common.checks import check_int, check_seed
 
 CONFIDENCE = 0.95  # every interval's level
 RESAMPLES = 2000  # bootstrap resamples per interval: a few milliseconds each
@@ -49,28 +53,86 @@ class Ratio:
 
 
 def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], *,
-                 processes: Sequence[int] | None = None, seed: int = 0) -> Ratio | None:
-    """The geometric mean of ``numerators[i] / denominators[i]`` with its interval, pairing the
-    first rounds both have; ``processes[i]`` is round i's process (None: all one process).
-    None when no round pairs or a time is not positive."""
-    pairs = min(len(numerators), len(denominators))
-    if pairs == 0:
+                 processes: Sequence[int] | None = None,
+                 denominator_processes: Sequence[int] | None = None, seed: int = 0) -> Ratio | None:
+    """The geometric mean of ``numerators[i] / denominators[i]`` with its interval.
+
+    Rounds pair by their place: the first rounds both lists have (round i with round i), and
+    with several processes within each process, its first rounds with the same process's first
+    rounds, never another process's. ``processes[i]`` is numerator round i's process and
+    ``denominator_processes[j]`` denominator round j's (default: ``processes``), one label a
+    round (None: all one process).
+
+    None when no round pairs, or when a paired time is not a positive, finite number (zero,
+    negative, NaN or infinite: a failed or spoilt measurement, no ratio to stand on). TypeError
+    names a list that is not of numbers; ValueError a list of labels of the wrong length.
+    """
+    top, bottom = times("numerators", numerators), times("denominators", denominators)
+    check_seed("seed", seed)
+    if denominator_processes is None:
+        denominator_processes = processes
+    top_groups = labels("processes", processes, len(top))
+    bottom_groups = labels("denominator_processes", denominator_processes, len(bottom))
+    pairs = [(top[i], bottom[j], group) for i, j, group in pair_rounds(top_groups, bottom_groups)]
+    if not pairs:
         return None
-    top, bottom = np.asarray(numerators[:pairs], float), np.asarray(denominators[:pairs], float)
-    if not (np.all(top > 0) and np.all(bottom > 0)):
+    paired_top, paired_bottom, groups = (np.asarray(column) for column in zip(*pairs, strict=True))
+    if not (np.all(np.isfinite(paired_top)) and np.all(np.isfinite(paired_bottom))
+            and np.all(paired_top > 0) and np.all(paired_bottom > 0)):
         return None
-    logs = np.log(top) - np.log(bottom)
+    logs = np.log(paired_top) - np.log(paired_bottom)
     value = math.exp(logs.mean())
-    groups = np.zeros(pairs, int) if processes is None else np.asarray(processes[:pairs])
-    if pairs == 1:
+    if len(logs) == 1:
         return Ratio(value, None, None, 1)
     if np.ptp(logs) == 0.0:  # every round the same: no spread to resample (BCa is undefined)
-        return Ratio(value, value, value, pairs)
+        return Ratio(value, value, value, len(logs))
     if len(np.unique(groups)) > 1:
         low, high = two_level_interval(logs, groups, seed)
     else:
         low, high = bca_interval(logs, seed)
-    return Ratio(value, math.exp(low), math.exp(high), pairs)
+    return Ratio(value, math.exp(low), math.exp(high), len(logs))
+
+
+def times(name: str, values: object) -> list[float]:
+    """``values`` as a list of floats: a sequence of numbers (not a string, not bools), else
+    TypeError naming ``name``."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise TypeError(f"paired_ratio's {name} must be a sequence of times in seconds, "
+                        f"got {type(values).__name__} {values!r}")
+    bad = next((value for value in values
+                if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real)), None)
+    if bad is not None:
+        raise TypeError(f"paired_ratio's {name} must be times in seconds (numbers), "
+                        f"got {type(bad).__name__} {bad!r}")
+    return [float(value) for value in values]
+
+
+def labels(name: str, values: Sequence[int] | None, rounds: int) -> list[int]:
+    """Each round's process: ``values``, one a round (ValueError otherwise), or 0 for all."""
+    if values is None:
+        return [0] * rounds
+    values = list(values)
+    if len(values) != rounds:
+        raise ValueError(f"paired_ratio's {name} must label each round: got {len(values)} labels "
+                         f"for {rounds} rounds")
+    return values
+
+
+def pair_rounds(top_groups: list[int], bottom_groups: list[int]) -> list[tuple[int, int, int]]:
+    """``(numerator index, denominator index, process)`` of every pair: in each process, its
+    k-th numerator round with its k-th denominator round, as far as both go."""
+    bottom_by_group: dict[int, list[int]] = {}
+    for index, group in enumerate(bottom_groups):
+        bottom_by_group.setdefault(group, []).append(index)
+    seen: dict[int, int] = {}
+    pairs = []
+    for index, group in enumerate(top_groups):
+        place = seen.get(group, 0)
+        seen[group] = place + 1
+        partners = bottom_by_group.get(group, [])
+        if place < len(partners):
+            pairs.append((index, partners[place], group))
+    return pairs
 
 
 def bca_interval(logs: np.ndarray, seed: int) -> tuple[float, float]:
@@ -113,6 +175,21 @@ def percentile_interval(means: np.ndarray) -> tuple[float, float]:
 
 def round_orders(names: Sequence[str], rounds: int, seed: int) -> list[list[str]]:
     """The order in which each round times the rows: a fresh shuffle per round, from ``seed``
-    alone, so that a report's recorded orders can be drawn again."""
-    rng = np.random.default_rng(seed)
-    return [[names[i] for i in rng.permutation(len(names))] for _ in range(rounds)]
+    alone, so that a report's recorded orders can be drawn again (``each_round_order``'s, all
+    at once)."""
+    return list(each_round_order(names, rounds, seed))
+
+
+def each_round_order(names: Sequence[str], rounds: int, seed: int) -> Iterator[list[str]]:
+    """``round_orders``, one round at a time: a run draws each round's order as the round
+    starts, so that ``--rounds 1000000000`` starts timing at once. ValueError or TypeError for a
+    count of rounds or a seed no run could use, before the first order is drawn."""
+    check_int("rounds", rounds, low=0)
+    check_seed("seed", seed)
+    return draw_orders(list(names), rounds, np.random.default_rng(seed))
+
+
+def draw_orders(names: list[str], rounds: int, rng: np.random.Generator) -> Iterator[list[str]]:
+    """``rounds`` shuffles of ``names`` from ``rng``, drawn as they are asked for."""
+    for _ in range(rounds):
+        yield [names[i] for i in rng.permutation(len(names))]

@@ -15,7 +15,8 @@ from variants import REFERENCE
 FORMATS = (*tabulate_formats, "json", "csv")
 
 # The default table: one screen wide (<= 120 characters in the github style at the presets'
-# sizes); every number below and in WIDE_COLUMNS stays in the json and csv output.
+# sizes; decode-only rows, the engines', in a narrow table of their own under it); every number
+# below and in WIDE_COLUMNS stays in the json and csv output.
 RATIO = "ratio"  # a column's format: a paired ratio, with its interval in the wide table
 COMPACT_COLUMNS = [  # (title, report key, format; None = a time with its spread)
     ("variant", "variant", "{}"),
@@ -30,6 +31,7 @@ COMPACT_COLUMNS = [  # (title, report key, format; None = a time with its spread
     ("peak MB", "train_peak_mb", "{:,.0f}"),
     ("max Δ logp", "max_abs_dlogp", "{:.1e}"),
 ]
+DECODE_ONLY_TITLE = "decode-only row"  # the compact form's table of engine and fast-path rows
 SAME_MARK = "≈"
 COMPACT_LEGEND = ("×torch: time / torch's, paired by round (< 1 is faster) · % peak: train FLOP/s / matmul "
                   "peak · peak MB: train step")
@@ -84,10 +86,14 @@ def render(report: dict, fmt: str, wide: bool = False) -> str:
     meta = report["meta"]
     parts = []
     for block in report["blocks"]:
-        headers, lines = table_rows(block, meta["compile"], meta["decode_len"] > 1,
-                                    meta.get("all_decoders", False), wide)
-        marked = any(text.startswith(SAME_MARK) for line in lines for text in line)
-        parts.append("\n".join([*header_lines(meta, block), table(lines, headers, fmt),
+        tables, marked = [], False
+        for rows in ([block["rows"]] if wide else compact_groups(block["rows"])):
+            headers, lines = table_rows({**block, "rows": rows}, meta["compile"], meta["decode_len"] > 1,
+                                        meta.get("all_decoders", False), wide)
+            if len(headers) > 1:  # a decode-only table needs its decode columns
+                marked |= any(text.startswith(SAME_MARK) for line in lines for text in line)
+                tables.append(table(lines, headers, fmt))
+        parts.append("\n".join([*header_lines(meta, block), "\n\n".join(tables),
                                 *(f"  {note}" for note in notes(meta, block, wide, marked))]))
     warnings = warning_lines(report)
     return "\n\n".join(["\n".join(warnings), *parts] if warnings else parts) + "\n"
@@ -133,17 +139,36 @@ def as_csv(report: dict) -> str:
     return buffer.getvalue()
 
 
+def decode_only(result: dict) -> bool:
+    """Whether a row times decoding only (a deployment engine's or a fast path's row,
+    ``benchmarks.engines``): no model of its own (no parameters) and no forward or train step."""
+    return result.get("params") is None and "forward_ms" not in result and "train_ms" not in result
+
+
+def compact_groups(rows: list[dict]) -> list[list[dict]]:
+    """The compact form's tables: the variants' rows, then the decode-only rows in a table of
+    their own (their name and decode columns), which in the variants' table would widen it
+    past 120 characters with a column of dashes each; empty groups left out."""
+    groups = [[r for r in rows if not decode_only(r)], [r for r in rows if decode_only(r)]]
+    return [group for group in groups if group]
+
+
 def table_rows(block: dict, show_compile: bool, show_decode: bool, show_decoders: bool = False,
                wide: bool = False) -> tuple[list[str], list[list[str]]]:
     """The column titles and a line of formatted cells per row of ``block``: the compact
-    columns, or with ``wide`` every column the run measured."""
-    compiled_rows = any(result.get("compile_s") is not None for result in block["rows"])  # inductor's
+    columns, or with ``wide`` every column the run measured. In the compact form, a block of
+    decode-only rows alone gets the decode columns only, titled ``DECODE_ONLY_TITLE``."""
+    rows = block["rows"]
+    compiled_rows = any(result.get("compile_s") is not None for result in rows)  # inductor's
     columns = [c for c in (WIDE_COLUMNS if wide else COMPACT_COLUMNS)
                if (show_compile or c[1] not in COMPILE_COLUMNS or (c[1] == "compile_s" and compiled_rows))
                and (show_decode or c[1] not in DECODE_COLUMNS)
                and ((show_decode and show_decoders) or c[1] not in DECODERS_COLUMNS)]
-    return [c[0] for c in columns], [[cell(result, key, fmt, wide) for _, key, fmt in columns]
-                                     for result in block["rows"]]
+    titles = [c[0] for c in columns]
+    if not wide and rows and all(map(decode_only, rows)):
+        columns = [c for c in columns if c[1] == "variant" or c[1] in DECODE_COLUMNS]
+        titles = [DECODE_ONLY_TITLE, *(c[0] for c in columns[1:])]
+    return titles, [[cell(result, key, fmt, wide) for _, key, fmt in columns] for result in rows]
 
 
 def cell(result: dict, key: str, fmt, wide: bool = False) -> str:

@@ -126,12 +126,12 @@ def add_ratios(block: dict, seed: int = 0) -> None:
         for key, mode in VS_TORCH:
             if f"{mode}_rounds_s" in row:
                 top, bottom, processes = rounds_of(row, reference, mode)
-                found = paired_ratio(top, bottom, processes=processes, seed=seed)
+                found = paired_ratio(top, bottom, **processes, seed=seed)
                 row.update(found.as_dict(key) if found else empty_ratio(key))
         for key, top, bottom in WITHIN_ROW:
             if f"{top}_rounds_s" in row and f"{bottom}_rounds_s" in row:
                 numerators, denominators, processes = rounds_of(row, row, top, bottom)
-                found = paired_ratio(numerators, denominators, processes=processes, seed=seed)
+                found = paired_ratio(numerators, denominators, **processes, seed=seed)
                 row.update(found.as_dict(key) if found else empty_ratio(key))
     for row in block["rows"]:
         for key, _ in VS_TORCH:
@@ -144,15 +144,17 @@ def empty_ratio(key: str) -> dict[str, None]:
     return dict.fromkeys((key, f"{key}_low", f"{key}_high"))
 
 
-def rounds_of(top_row: dict, bottom_row: dict | None, top: str, bottom: str | None = None):
-    """The numerator's and denominator's round times of a paired ratio, and the rounds'
-    processes (None but in a pooled report, ``benchmarks.processes``); empty where the
-    denominator's row is missing or a step failed."""
+def rounds_of(top_row: dict, bottom_row: dict | None, top: str, bottom: str | None = None
+              ) -> tuple[list[float], list[float], dict[str, list[int] | None]]:
+    """The numerator's and denominator's round times of a paired ratio, and each one's rounds'
+    processes (None but in a pooled report, ``benchmarks.processes``), as ``paired_ratio``'s
+    keywords; empty where the denominator's row is missing or a step failed."""
     bottom = bottom or top
     if bottom_row is None or top_row.get(f"{top}_error") or bottom_row.get(f"{bottom}_error"):
-        return [], [], None
+        return [], [], {}
     return (top_row.get(f"{top}_rounds_s", []), bottom_row.get(f"{bottom}_rounds_s", []),
-            top_row.get(f"{top}_rounds_process"))
+            {"processes": top_row.get(f"{top}_rounds_process"),
+             "denominator_processes": bottom_row.get(f"{bottom}_rounds_process")})
 
 
 def resolved(row: dict, key: str, control: dict | None) -> bool:

@@ -28,7 +28,7 @@ from benchmarks.failures import recover, release
 from benchmarks.machine import during, read_sample
 from benchmarks.measured import Cell, Row
 from benchmarks.memory import cache_bytes, keep_freed_memory, model_bytes, profile_step, sdpa_backend
-from benchmarks.ratios import round_orders
+from benchmarks.ratios import each_round_order
 from benchmarks.report import block_result, meta, row_result
 from benchmarks.settings import Settings
 from benchmarks.steps import (
@@ -283,9 +283,12 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -
     peak = MatmulPeak(block.device, block.dtype, settings.threads,
                       gemm_shapes(settings.config, block.shape, block.device))
     by_name = {row.variant: row for row in timed}
-    orders = round_orders(list(by_name), settings.rounds, settings.order_seed)
-    others, contended = [], []
-    for round_index, order in enumerate(orders):
+    orders, others, contended = [], [], []
+    # each round's order drawn as it starts (the same orders as round_orders'): a run of many
+    # rounds starts timing at once
+    drawn = each_round_order(list(by_name), settings.rounds, settings.order_seed)
+    for round_index, order in enumerate(drawn):
+        orders.append(order)
         started = read_sample()
         peak.measure()
         for mode in settings.modes:

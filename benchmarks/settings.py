@@ -13,7 +13,8 @@ from benchmarks.machine import WAIT_POLICIES, ThreadChoice, wait_policy_problem
 from benchmarks.plot import matplotlib_problem, path_problem
 from benchmarks.render import FORMATS
 from benchmarks.workload import DTYPES, PRESETS, Shape, check_lengths, paired_shapes
-from common.cli import positive
+from common.checks import check_int, check_seed
+from common.cli import positive, seed_int
 from common.config import TransformerConfig
 from variants import VARIANTS, ordered
 
@@ -52,6 +53,13 @@ class Settings:
     torch_fast_path: bool = True  # let nn.Transformer use its fused eval kernels
     show_progress: bool = True  # a progress bar on stderr
     command: str = ""  # how the run was asked for, recorded in the report
+
+    def __post_init__(self) -> None:
+        """The numbers a run would otherwise trip on only after timing: its seeds (the intervals'
+        resampling is seeded too; ``common.checks.check_seed``) and its rounds."""
+        check_seed("Settings.seed", self.seed)
+        check_seed("Settings.order_seed", self.order_seed)
+        check_int("Settings.rounds", self.rounds, low=1)
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -128,7 +136,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="turn off nn.Transformer's fused eval kernels (torch.backends.mha)")
     parser.add_argument("--malloc", choices=("keep", "default"), default="keep",
                         help="keep: glibc keeps freed memory (see keep_freed_memory); default: leave it")
-    parser.add_argument("--seed", type=int, default=0, help="weights and batch seed (default 0)")
+    parser.add_argument("--seed", type=seed_int, default=0,
+                        help="weights and batch seed, 0..2**32-1 (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

@@ -6,9 +6,10 @@ range or device) with a message that names the argument, what it got and what wa
 input never turns into a silent broadcast, an index error deep inside a layer, or a CUDA
 device-side assert.
 
-The settings classes and entry points above the model check their numbers with the three
-helpers below, one spelling each: ``check_int`` (an int, at least ``low``), ``check_number``
-(a finite number in a range) and ``KindError``, what both raise for a value of the wrong kind.
+The settings classes and entry points above the model check their numbers with the helpers
+below, one spelling each: ``check_int`` (an int, at least ``low``), ``check_number`` (a finite
+number in a range), ``check_seed`` (a seed every consumer here takes) and ``KindError``, what
+they raise for a value of the wrong kind.
 """
 
 from __future__ import annotations
@@ -38,6 +39,22 @@ def check_int(name: str, value: object, *, low: int | None = None) -> int:
         raise KindError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if low is not None and value < low:
         raise ValueError(f"{name} must be at least {low}, got {value}")
+    return value
+
+
+# Seeds: 0..2**32 - 1, the range every consumer of a seed here takes alike: numpy's generators
+# (np.random.default_rng) refuse negative seeds; torch's CPU generator keeps only a seed's low
+# 32 bits (2**32 and 0 draw the same stream) and refuses anything past 2**64 - 1; and the
+# offsets added to a seed for other streams (seq2seq: + 2**30 + rank, + 2**31) stay in range.
+SEED_HIGH = 2**32 - 1
+
+
+def check_seed(name: str, value: object) -> int:
+    """``value`` if it is an int seed in ``0..SEED_HIGH`` (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise KindError(f"{name} must be an int seed, got {type(value).__name__} {value!r}")
+    if not 0 <= value <= SEED_HIGH:
+        raise ValueError(f"{name} must be a seed in 0..{SEED_HIGH} (2**32 - 1), got {value}")
     return value
 
 

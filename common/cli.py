@@ -1,5 +1,5 @@
-"""What every command line here shares: one-line usage errors, one positive-number type, a
-usable device, an error in one line, and turning the config's own validation into a
+"""What every command line here shares: one-line usage errors, one positive-number type, one
+seed type, a usable device, an error in one line, and turning the config's own validation into a
 usage error.
 
     parser = Parser(prog="python -m seq2seq.train")
@@ -23,6 +23,7 @@ from typing import NoReturn
 
 import torch
 
+from common.checks import SEED_HIGH, check_seed
 from common.config import TransformerConfig
 
 
@@ -60,6 +61,21 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def seed_int(text: str) -> int:
+    """An argparse ``type``: a seed in 0..2**32 - 1, the range every consumer of a seed here
+    takes (``common.checks.check_seed``: numpy refuses negative seeds, torch's generator keeps
+    only a seed's low 32 bits and refuses those past 2**64 - 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer seed, got {text!r}") from None
+    try:
+        return check_seed("a seed", value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a seed in 0..{SEED_HIGH} (2**32 - 1), got {text}") from None
 
 
 def config_or_exit(parser: argparse.ArgumentParser, base: TransformerConfig | None = None,

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from benchmarks.failures import failure_cell
+from benchmarks.ratios import paired_ratio, round_orders
 from benchmarks.render import render
 from benchmarks.run import run
 from benchmarks.settings import Settings
@@ -142,6 +143,12 @@ def test_several_lengths_give_one_block_per_shape(tmp_path, capsys):
         (["--min-run-time", "0"], "--min-run-time"),
         (["--format", "nosuch"], "--format"),
         (["--freeze"], "--freeze"),
+        # seeds: numpy refuses negative ones, torch's generator those past 2**64 - 1
+        (["--seed", "-1"], "--seed"),
+        (["--seed", str(2**64)], "--seed"),
+        (["--seed", str(2**32)], "0..4294967295"),
+        (["--seed", "1.5"], "--seed"),
+        (["--rounds", "0"], "--rounds"),
     ],
 )
 def test_bad_option_exits_2_with_one_line(options, named, capsys):
@@ -242,6 +249,31 @@ def tiny_settings(**changes) -> Settings:
                   preset="tiny", rounds=1, min_run_time=0.01, decode_len=1, threads=1,
                   keep_freed_memory=False, show_progress=False)
     return Settings(**{**fields, **changes})
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("seed", -1, ValueError), ("seed", 2**32, ValueError), ("seed", 2**64, ValueError),
+    ("seed", 1.5, TypeError), ("seed", True, TypeError), ("order_seed", -1, ValueError),
+    ("rounds", 0, ValueError), ("rounds", -1, ValueError), ("rounds", 2.0, TypeError),
+])
+def test_settings_refuse_a_seed_or_rounds_no_run_could_use(field, value, error):
+    """Refused when made, naming the field, not after the whole run has been timed."""
+    with pytest.raises(error, match=f"Settings.{field}"):
+        tiny_settings(**{field: value})
+
+
+@pytest.mark.parametrize("seed", [0, 2**32 - 1])
+def test_the_seed_range_is_one_every_consumer_of_the_seed_takes(seed):
+    """compare.py's bounds, through everything the seed reaches: the weights, the batch, the
+    rounds' orders and the intervals' resampling."""
+    settings, _ = parse_args(["--preset", "tiny", "--seed", str(seed)])
+    assert settings.seed == seed
+    config = TransformerConfig(**PRESETS["tiny"].fields)
+    build(REFERENCE, config, seed=seed)
+    random_batch(config, 2, 3, 3, seed=seed)
+    assert len(round_orders(["explicit", "torch"], 2, seed)) == 2
+    assert paired_ratio([1.0, 1.2, 1.1], [1.0, 1.0, 1.0], seed=seed).low is not None
+    tiny_settings(seed=seed, order_seed=seed)
 
 
 def test_library_run_times_only_the_chosen_variants_and_restores_the_process():

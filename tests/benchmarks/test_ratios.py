@@ -7,16 +7,21 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from statistics import NormalDist
 
 import numpy as np
 import pytest
+import torch
 
+import benchmarks.run
 from benchmarks.processes import pool
 from benchmarks.ratios import paired_ratio, round_orders
 from benchmarks.render import SAME_MARK, render
-from benchmarks.run import CONTROL, run
+from benchmarks.run import CONTROL, Block, build_rows, run, time_rounds
+from common.weights import export_weights
 from tests.benchmarks.test_busy_cores import BUSY_CORES, report_with, table_cells
 from tests.benchmarks.test_compare import FAST, run_compare, tiny_settings
+from variants import REFERENCE
 
 # --- the statistic and its interval -------------------------------------------------------------
 
@@ -60,6 +65,121 @@ def test_rounds_pair_up_to_the_shorter_list_and_nothing_pairs_no_ratio():
     assert paired_ratio([1.0, 0.0], [1.0, 1.0]) is None  # a time that is not positive
 
 
+def test_the_first_rounds_pair_when_the_numerator_has_fewer():
+    """Round i against round i: a row with two rounds beside torch's three pairs torch's first
+    two (ratios 2 and 2), not its last two (1 and 0.5)."""
+    found = paired_ratio([2.0, 4.0], [1.0, 2.0, 8.0])
+    assert found.rounds == 2 and found.value == pytest.approx(2.0)
+
+
+def textbook_bca(logs: np.ndarray, resamples: int = 200_000, seed: int = 12345) -> tuple[tuple, tuple]:
+    """The 95% BCa and percentile intervals of the mean of ``logs``, by Efron and Tibshirani's
+    formulas (An Introduction to the Bootstrap, 1993, eq. 14.9-14.15), on a bootstrap of its own:
+    bias correction z0 = Phi^-1(share of resampled means below the mean), acceleration a from
+    the jackknife, bounds at the resampled means' quantiles Phi(z0 + (z0 + z) / (1 - a (z0 + z)))."""
+    normal, n = NormalDist(), len(logs)
+    means = logs[np.random.default_rng(seed).integers(n, size=(resamples, n))].mean(axis=1)
+    z0 = normal.inv_cdf(float(np.mean(means < logs.mean())))
+    jackknife = np.array([np.delete(logs, i).mean() for i in range(n)])
+    spread = jackknife.mean() - jackknife
+    a = (spread**3).sum() / (6 * ((spread**2).sum()) ** 1.5)
+    tails = (0.025, 0.975)
+    bca = tuple(float(np.quantile(means, normal.cdf(z0 + (z0 + z) / (1 - a * (z0 + z)))))
+                for z in map(normal.inv_cdf, tails))
+    return bca, tuple(float(q) for q in np.quantile(means, tails))
+
+
+def test_the_interval_is_bca_on_a_skewed_sample():
+    """17 steady rounds and 3 spoilt by bursts of other work (+35%, +65%, +146%): a skewed
+    sample, where BCa moves both bounds up from the percentile interval's. Each bound is
+    BCa's, computed here from the textbook formulas, within a quarter of the distance between
+    the two methods (both bootstraps' resampling noise is far smaller)."""
+    logs = np.array([0.0] * 17 + [0.3, 0.5, 0.9]) + np.linspace(0.0, 0.01, 20)
+    found = paired_ratio(np.exp(logs).tolist(), [1.0] * len(logs))
+    bca, percentile = textbook_bca(logs)
+    for bound, by_bca, by_percentile in zip((found.low, found.high), bca, percentile, strict=True):
+        margin = abs(by_bca - by_percentile) / 4
+        assert margin > 0.003  # the sample tells the two methods apart
+        assert math.log(bound) == pytest.approx(by_bca, abs=margin)
+
+
+def test_the_two_level_interval_resamples_rounds_inside_each_process():
+    """Six processes whose means nearly agree (offsets -1%..+1%) and whose rounds spread +-10%
+    inside each: resampling processes, then rounds, the mean's spread is
+    sqrt((var of the process means + mean var inside a process / rounds) / processes), 1.96 of
+    which the interval reaches on either side (within 20%); resampling processes only would see
+    a quarter of it."""
+    processes, rounds = 6, 8
+    inside, offsets = np.linspace(-0.1, 0.1, rounds), np.linspace(-0.01, 0.01, processes)
+    logs = (offsets[:, None] + inside[None, :]).ravel()
+    labels = np.repeat(np.arange(processes), rounds).tolist()
+    found = paired_ratio(np.exp(logs).tolist(), [1.0] * len(logs), processes=labels)
+    half = 1.959964 * math.sqrt((offsets.var() + inside.var() / rounds) / processes)
+    processes_only = 1.959964 * math.sqrt(offsets.var() / processes)
+    assert processes_only < half / 3  # the sample tells the two apart
+    assert logs.mean() - math.log(found.low) == pytest.approx(half, rel=0.2)
+    assert math.log(found.high) - logs.mean() == pytest.approx(half, rel=0.2)
+
+
+def test_a_time_that_is_not_finite_gives_no_ratio_like_nan_zero_and_negative_ones():
+    for bad in (math.inf, -math.inf, math.nan, 0.0, -1.0):
+        assert paired_ratio([bad, 1.0, 1.1], [1.0, 1.0, 1.0]) is None, bad
+        assert paired_ratio([1.0, 1.0, 1.1], [1.0, bad, 1.0]) is None, bad
+    assert paired_ratio([1.0, 2.0, math.inf], [1.0, 1.0]).value == pytest.approx(math.sqrt(2))  # unpaired
+
+
+@pytest.mark.parametrize(("numerators", "denominators", "named"), [
+    ("abc", [1.0, 1.0, 1.0], "numerators"),
+    ([1.0, 1.0], b"ab", "denominators"),
+    ([1.0, "2"], [1.0, 1.0], "numerators"),
+    ([1.0, 2.0], [True, 1.0], "denominators"),
+    (None, [1.0], "numerators"),
+    ([1.0, 2.0], 3.0, "denominators"),
+])
+def test_times_that_are_not_numbers_are_a_type_error_naming_them(numerators, denominators, named):
+    with pytest.raises(TypeError, match=named):
+        paired_ratio(numerators, denominators)
+
+
+@pytest.mark.parametrize("labels", [[0, 0], [0, 0, 1, 1]])
+def test_process_labels_must_label_every_round(labels):
+    with pytest.raises(ValueError, match=rf"processes.*{len(labels)}.*3 rounds"):
+        paired_ratio([1.0, 1.1, 1.2], [1.0, 1.0, 1.0], processes=labels)
+    with pytest.raises(ValueError, match=rf"denominator_processes.*{len(labels)}.*3 rounds"):
+        paired_ratio([1.0, 1.1, 1.2], [1.0, 1.0, 1.0], processes=[0, 0, 1], denominator_processes=labels)
+
+
+def test_rounds_pair_within_each_process():
+    """A row with fewer rounds in one process than torch: each process's rounds pair with that
+    process's torch rounds, the first of each, never another process's."""
+    top, top_processes = [1.10, 1.20, 2.2, 2.4, 2.6], [0, 0, 1, 1, 1]
+    bottom, bottom_processes = [1.0, 1.0, 1.0, 2.0, 2.0, 2.0], [0, 0, 0, 1, 1, 1]
+    found = paired_ratio(top, bottom, processes=top_processes, denominator_processes=bottom_processes)
+    within = [1.10 / 1.0, 1.20 / 1.0, 2.2 / 2.0, 2.4 / 2.0, 2.6 / 2.0]
+    assert found.rounds == 5
+    assert found.value == pytest.approx(math.exp(statistics.mean(map(math.log, within))))
+
+
+def test_pooled_rounds_pair_within_each_process():
+    """Through the report: explicit timed two rounds in the first process and three in the
+    second, torch three in each; explicit's ×torch pairs each process's own rounds."""
+    first = report_with({"explicit": {"forward": [1.10, 1.20], "train": [1.0, 1.0]},
+                         "torch": {"forward": [1.0, 1.0, 1.0], "train": [1.0, 1.0, 1.0]}})
+    second = report_with({"explicit": {"forward": [2.2, 2.4, 2.6], "train": [1.0, 1.0, 1.0]},
+                          "torch": {"forward": [2.0, 2.0, 2.0], "train": [1.0, 1.0, 1.0]}})
+    for index, report in enumerate((first, second)):
+        report["blocks"][0]["rounds"] = {"orders": [["explicit", "torch"]] * 3, "seed": index,
+                                         "others": [0.0] * 3, "contended": [False] * 3}
+    row = pool([first, second])["blocks"][0]["rows"][0]
+    within = [1.10 / 1.0, 1.20 / 1.0, 2.2 / 2.0, 2.4 / 2.0, 2.6 / 2.0]
+    assert row["forward_vs_torch"] == pytest.approx(math.exp(statistics.mean(map(math.log, within))))
+
+
+def test_pooling_no_reports_is_a_value_error():
+    with pytest.raises(ValueError, match="at least one report"):
+        pool([])
+
+
 def test_rounds_of_several_processes_resample_processes_too():
     """Two processes, each steady within (ratios 1.00 and 1.50) but far apart: one level of
     resampling sees 20 tight rounds, two levels see two processes that disagree."""
@@ -82,6 +202,71 @@ def test_each_round_has_a_fresh_order_drawn_again_from_its_seed():
     assert len({tuple(order) for order in orders}) > 10  # 720 orders: repeats are rare
     assert round_orders(names, 15, seed=0) == orders
     assert round_orders(names, 15, seed=1) != orders
+
+
+@pytest.mark.parametrize(("rounds", "seed", "named"), [
+    (-1, 0, "rounds"), (2.0, 0, "rounds"), (True, 0, "rounds"), (3, -1, "seed"), (3, 2**64, "seed"),
+])
+def test_round_orders_refuses_a_bad_count_or_seed(rounds, seed, named):
+    with pytest.raises((TypeError, ValueError), match=named):
+        round_orders(["explicit", "torch"], rounds, seed)
+
+
+class FakePeak:
+    """The matmul peak's interface, measuring nothing."""
+
+    def __init__(self, *args) -> None:
+        pass
+
+    def measure(self) -> None:
+        pass
+
+    def peak(self) -> None:
+        return None
+
+
+def test_each_rounds_order_is_drawn_when_the_round_starts(monkeypatch):
+    """``--rounds 1000000000`` must start timing at once: the first round's cells run before the
+    second round's order is drawn (here: the order of draws and cells, nothing timed), and the
+    recorded orders are round_orders' own."""
+    events = []
+    real_rng = np.random.default_rng
+
+    class Spy:  # numpy's generator, logging each shuffle
+        def __init__(self, seed):
+            self.rng = real_rng(seed)
+
+        def permutation(self, n):
+            events.append("order")
+            return self.rng.permutation(n)
+
+    monkeypatch.setattr(np.random, "default_rng", Spy)
+    monkeypatch.setattr(benchmarks.run, "MatmulPeak", FakePeak)
+    monkeypatch.setattr(benchmarks.run, "time_cell", lambda row, mode, *_: events.append(row.variant))
+    settings = tiny_settings(variants=("explicit", "torch"), rounds=3)
+    rows = [benchmarks.run.Row(name, None) for name in ("explicit", "torch")]
+    block = Block("cpu", "float32", settings.shapes[0], batch=None, autocast=None)
+    _, record = time_rounds(rows, settings, block, bar=benchmarks.run.tqdm(disable=True))
+    per_round = 1 + 2 * len(settings.modes)  # its order, then each mode's two cells
+    assert len(events) == 3 * per_round
+    assert [index for index, event in enumerate(events) if event == "order"] == [0, per_round, 2 * per_round]
+    monkeypatch.setattr(np.random, "default_rng", real_rng)
+    assert record["orders"] == round_orders(["explicit", "torch"], 3, seed=0)
+
+
+def test_the_control_is_a_separate_build_holding_torchs_weights():
+    """The control measures torch against itself only if it is a second model: its own
+    parameters (no tensor shared with torch's), equal to torch's."""
+    settings = tiny_settings(variants=("explicit", "torch"))
+    block = Block("cpu", "float32", settings.shapes[0], batch=None, autocast=None)
+    rows = {row.variant: row for row in build_rows(settings, block)}
+    reference, control = rows[REFERENCE].model, rows[CONTROL].model
+    assert control is not reference
+    shared = {p.data_ptr() for p in reference.parameters()} & {p.data_ptr() for p in control.parameters()}
+    assert not shared
+    mine, theirs = export_weights(control), export_weights(reference)
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[name], theirs[name]) for name in mine)
 
 
 def test_a_run_records_its_orders_and_times_a_control_unless_told_not_to():
