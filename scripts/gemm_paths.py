@@ -30,6 +30,9 @@ from common.cli import Parser, positive
 
 # (D_in, D_out) of a base step's linears: fused QKV, feed-forward in and out, generator
 SHAPES = ((512, 1536), (512, 2048), (2048, 512), (512, 37000))
+# the most activation rows timed: a decode step's batch (sources x beams) is far below it, and at
+# 1024 the generator's (1024, 37000) float32 output is 152 MB; far more only fails in the allocator
+MAX_BATCH = 1024
 MKL_PROBE = "import torch; x = torch.ones(8, 64); torch.nn.functional.linear(x, torch.ones(64, 64))"
 
 
@@ -72,10 +75,14 @@ def time_paths(batch: int, min_run_time: float) -> list[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m scripts.gemm_paths", description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=positive(int), default=8, help="rows of the activation")
+    parser.add_argument("--batch", type=positive(int), default=8,
+                        help=f"rows of the activation, at most {MAX_BATCH} (default 8)")
     parser.add_argument("--threads", type=positive(int), default=2)
     parser.add_argument("--min-run-time", type=positive(float), default=0.5)
     args = parser.parse_args(argv)
+    if args.batch > MAX_BATCH:
+        parser.error(f"--batch must be at most {MAX_BATCH} (a decode step's rows; the generator's output "
+                     f"alone is batch x {SHAPES[-1][1]} floats), got {args.batch}")
     torch.set_num_threads(args.threads)
     print(f"{machine()['cpu_model']}, {args.threads} threads, torch {torch.__version__}, "
           f"batch {args.batch}, float32")

@@ -7,11 +7,13 @@ the same batches, for the same steps; overlay their loss curves and tabulate wha
 
 With ``--seeds`` or ``--controls`` it runs the study instead: every row from each seed, and
 ``--controls N`` more runs of each (row, seed) whose learning-rate factor is moved by k float32
-ulps for the k-th (``scripts.learners_study.perturbed_factor``: a change of rounding only), all
-for ``--steps`` steps. It writes ``study.json`` (every run's record) after each run; run again
-with the same ``--out`` and it skips the runs already recorded. At the end it draws
-``study.png`` (every run's loss curve, coloured by row, dashed for a control) and prints the
-between-row against within-row spreads and the test of whether the rows differ.
+ulps for the k-th (``scripts.learners_study.perturbed_factor``: a change of rounding only, so N is
+at most 838, where the rate moves by less than 0.01%), all for ``--steps`` steps; a study needs
+two runs of each row (two seeds, or a control) for its statistic. It writes ``study.json`` (every
+run's record) after each run; run again with the same ``--out`` and it skips the runs already
+recorded. At the end it draws ``study.png`` (every run's loss curve, coloured by row, dashed for
+a control) and prints the between-row against within-row spreads and the test of whether the
+rows differ.
 
 writes, in ``--out``, ``learners.json`` (every row in full: its loss and time per step, its
 translations of the test sentences) and ``learners.md`` (the table: validation loss, test BLEU
@@ -43,13 +45,16 @@ from common.cli import (
     non_negative_int,
     one_line,
     positive,
+    seed_int,
     write_probe,
 )
 from scripts.learners_study import (
     DTYPES,
+    MAX_CONTROLS,
     LearnersResult,
     LearnersSettings,
     as_json,
+    check_controls,
     markdown_report,
     prepare,
     run_key,
@@ -92,12 +97,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
                         help="keep English sentences of at most N words (default 8)")
     parser.add_argument("--test-sentences", type=positive(int), default=None, metavar="N",
                         help="score the first N test sentences only (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="weights, batches and dropout of every row")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="SEED",
+    parser.add_argument("--seed", type=seed_int, default=0, help="weights, batches and dropout of every row")
+    parser.add_argument("--seeds", type=seed_int, nargs="+", default=None, metavar="SEED",
                         help="the study: every row from each of these seeds (needs --steps)")
     parser.add_argument("--controls", type=non_negative_int, default=0, metavar="N",
                         help="the study: N more runs of each (row, seed), the k-th with the learning-rate "
-                             "factor moved by k float32 ulps (default 0)")
+                             f"factor moved by k float32 ulps, at most {MAX_CONTROLS} (default 0)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="float32")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=positive(int), default=None)
@@ -115,6 +120,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
         if len(set(args.variants)) < 2:  # the statistic compares rows with each other
             parser.error("the study compares rows: give --variants at least two, "
                          f"got {' '.join(args.variants)}")
+        try:  # more ulps than that would change the learning rate, not its rounding
+            check_controls("--controls", args.controls)
+        except ValueError as error:
+            parser.error(str(error))
+        if len(args.seeds) * (args.controls + 1) < 2:  # the statistic needs a row's spread with itself
+            parser.error("the study needs at least two runs of each row for its statistic (a row's spread "
+                         "with itself, Kruskal-Wallis' groups): give --seeds two or more, or --controls 1; "
+                         f"got --seeds {args.seeds[0]} alone")
     overrides = {field: getattr(args, field) for field in OVERRIDES if getattr(args, field) is not None}
     if args.steps is not None or args.minutes is not None:
         overrides |= {"minutes": args.minutes,
@@ -136,6 +149,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
         parser.error(f"--out {args.out}: {error.strerror or error}")
     if problem := write_probe(args.out):
         parser.error(f"--out {args.out}: not writable ({problem.strerror or problem})")
+    # written after each run and at the end: a folder in a file's place would fail after training
+    for name in (STUDY_FILE, STUDY_PICTURE) if args.study else (JSON_FILE, TABLE_FILE, PICTURE_FILE):
+        if (args.out / name).exists() and not (args.out / name).is_file():
+            parser.error(f"--out {args.out}: {name} is a directory, not a file (results are written there)")
     return args, settings
 
 

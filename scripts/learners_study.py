@@ -40,7 +40,7 @@ import torch
 from tabulate import tabulate
 from torch import Tensor, nn
 
-from common.checks import check_int
+from common.checks import check_int, check_seed
 from common.config import TransformerConfig
 from seq2seq.data.batches import EncodedPairs, TokenBatches, TranslationData, encode_pairs, within
 from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus
@@ -88,7 +88,7 @@ class LearnersSettings:
         if self.variants[0] != BASELINE:
             raise ValueError(f"LearnersSettings.variants must start with {BASELINE} (the row the others' "
                              f"translations are compared with), got {', '.join(self.variants)}")
-        check_int("LearnersSettings.seed", self.seed)
+        check_seed("LearnersSettings.seed", self.seed)
         if self.dtype not in DTYPES:
             raise ValueError(f"LearnersSettings.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.test_sentences is not None:
@@ -319,18 +319,32 @@ def as_json(result: LearnersResult) -> dict:
 # round away; k float32 ulps moves every step's update by about k roundings and nothing else:
 # the first loss (before any step) is the same to the bit, and what follows parts only as the
 # training magnifies those last bits. A row's spread over its controls is therefore the spread
-# that rounding alone makes; the rows' spread is set against it (``study_statistics``).
+# that rounding alone makes; the rows' spread is set against it (``study_statistics``). That holds
+# for few ulps only: k ulps move the factor by up to k * 2^-23 of itself (at the bottom of its
+# binade), so k is capped at MAX_CONTROLS, where the rate moves by less than MAX_RATE_CHANGE
+# (100,000 ulps would move it by up to 1.2%: another learning rate, not another rounding).
 
 FLOAT32_MANTISSA = 23  # fraction bits of float32 (float64 has 52)
+MAX_RATE_CHANGE = 1e-4  # the most a control may move the learning rate, relative: 0.01%
+MAX_CONTROLS = math.floor(MAX_RATE_CHANGE * 2**FLOAT32_MANTISSA)  # 838: 838 * 2^-23 = 0.00999%
 STUDY_METRICS = ("bleu_beam", "bleu_greedy", "valid_loss")  # the scalar metrics, in the table's order
 METRIC_NAMES = {"bleu_beam": f"BLEU beam {BEAM_SIZE}", "bleu_greedy": "BLEU greedy",
                 "valid_loss": "valid loss"}
 
 
+def check_controls(name: str, controls: object) -> int:
+    """``controls`` if it is an int in 0..MAX_CONTROLS: a ValueError naming ``name`` otherwise."""
+    check_int(name, controls, low=0)
+    if controls > MAX_CONTROLS:
+        raise ValueError(f"{name} must be at most {MAX_CONTROLS} (rounding only: {MAX_CONTROLS} float32 ulps "
+                         f"move the learning rate by less than {MAX_RATE_CHANGE:.2%}), got {controls}")
+    return controls
+
+
 def perturbed_factor(factor: float, control: int) -> float:
     """``factor`` moved up by ``control`` float32 ulps (of its own binade): exact in float64,
-    ``factor`` itself for control 0."""
-    check_int("control", control, low=0)
+    ``factor`` itself for control 0; ``control`` at most MAX_CONTROLS."""
+    check_controls("control", control)
     if not math.isfinite(factor) or factor <= 0:
         raise ValueError(f"lr_factor must be a positive finite number, got {factor!r}")
     return factor + control * math.ulp(factor) * 2.0 ** (52 - FLOAT32_MANTISSA)
@@ -362,8 +376,8 @@ def run_study(settings: LearnersSettings, data: LearnerData, seeds: tuple[int, .
     if not isinstance(seeds, tuple) or not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be a non-empty tuple without repeats, got {seeds!r}")
     for seed in seeds:
-        check_int("seed", seed)
-    check_int("controls", controls, low=0)
+        check_seed("seed", seed)
+    check_controls("controls", controls)
     records = list(done)
     recorded = {run_key(record) for record in records}
     steps = settings.translation.steps
@@ -450,12 +464,21 @@ def metric_statistic(records: list[dict], metric: str) -> MetricStatistic:
     and few controls the test reads the seed-to-seed spread as part of each row's; read its
     p-value as a screen, the spreads as the measurement. The effect size is epsilon squared,
     H / (n - 1) for n runs.
+
+    It needs at least two rows and at least two runs of each (two seeds, or a control): with one
+    run per row, H is k - 1 whatever the values and a row's spread with itself is unknown, so
+    that is a ValueError, not a p-value (``python -m scripts.learners`` refuses such a study
+    before it trains).
     """
     rows: dict[str, list[float]] = {}
     for record in records:
         rows.setdefault(record["variant"], []).append(metric_value(record, metric))
     if len(rows) < 2:
         raise ValueError(f"the test needs at least two rows, got {', '.join(rows) or 'none'}")
+    single = [row for row, values in rows.items() if len(values) < 2]
+    if single:
+        raise ValueError(f"the test needs at least two runs of each row (two seeds, or --controls 1), "
+                         f"got 1 of {', '.join(single)}")
     between = _pooled_spread([[metric_value(r, metric) for r in group]
                               for group in _grouped(records, _seed_and_control).values()])
     within = _pooled_spread([[metric_value(r, metric) for r in group]

@@ -7,11 +7,12 @@ times ``seq2seq.decoding.static.StaticGreedy`` (and ``StaticBeam``, beam 4) on f
 with a static step) in each ``--modes`` entry ("eager", or a torch.compile mode: "default",
 "reduce-overhead", which on CUDA captures the step as a CUDA graph), beside ``greedy_decode``
 (``beam_search``) with the growing cache as the baseline, on one batch of random seeded weights.
-``--freezing`` adds each compiled mode with inductor freezing; ``--onednn`` an eager row with the
-decoder's linears on oneDNN (``seq2seq.decoding.onednn``, CPU float32); ``--log-probs`` each
-greedy row with its argmax over the log-probabilities instead of the logits. Each row first decodes
-twice untimed (compiling, then recording its graph), then is timed by ``torch.utils.benchmark``
-(which synchronises CUDA); the rows run one after another, so run it on otherwise idle cores.
+``--freezing`` adds each compiled mode with inductor freezing (refused without a compiled mode);
+``--onednn`` an eager row with the decoder's linears on oneDNN (``seq2seq.decoding.onednn``, CPU
+float32); ``--log-probs`` each greedy row with its argmax over the log-probabilities instead of
+the logits. Each row first decodes twice untimed (compiling, then recording its graph), then is
+timed by ``torch.utils.benchmark`` (which synchronises CUDA); the rows run one after another, so
+run it on otherwise idle cores.
 "same tokens" compares each row's ids with the baseline's. Speed is reported, never asserted.
 """
 
@@ -133,6 +134,9 @@ def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
                         help="each greedy row with the argmax of the log-probs too (the lever)")
     args = parser.parse_args(argv)
     config = TransformerConfig(**PRESETS[args.preset].fields)
+    if args.freezing and all(mode == EAGER for mode in args.modes):
+        parser.error(f"--freezing applies to compiled modes only: give --modes a torch.compile mode too, "
+                     f"got --modes {' '.join(args.modes)}")
     if args.onednn and (args.device != "cpu" or args.dtype != "float32"):
         parser.error(f"--onednn is a CPU float32 lever, got --device {args.device} --dtype {args.dtype}")
     if not 2 <= args.max_len <= config.max_seq_len:

@@ -57,6 +57,7 @@ MASKED_ROW_EXPECTED = ("explicit", "mathfirst")
 CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=128, dropout=0.0, src_vocab_size=23,
                            tgt_vocab_size=19, max_seq_len=40)
 SHAPES = ((3, 7, 5), (2, 4, 9))  # (B, S, T): S > T and S < T; row r of a batch ends in r pads
+MIN_VOCAB = 2  # the batches hold padding and real tokens: at least one id beside pad_id
 STEPS = 3  # lockstep Adam steps (adam_step)
 MASKED_ROW = 1  # the batch row whose source is padding only
 MODES = tuple(NORM_MODES)  # ("post", "pre"): the order the modes run in
@@ -193,7 +194,11 @@ def supported_configs(spec: str, config: TransformerConfig, modes: tuple[str, ..
 def run_battery(spec: str, against: str = REFERENCE, seed: int = 0, config: TransformerConfig = CONFIG,
                 modes: tuple[str, ...] = MODES) -> list[Result]:
     """Every check of ``spec`` against ``against`` in each of ``modes`` it supports; SpecError if
-    ``spec`` cannot be built at all. ``config``'s norm_first is set per mode."""
+    ``spec`` cannot be built at all; ValueError for vocabularies under MIN_VOCAB ids.
+    ``config``'s norm_first is set per mode."""
+    if min(config.src_vocab_size, config.tgt_vocab_size) < MIN_VOCAB:
+        raise ValueError(f"the battery needs vocabularies of at least {MIN_VOCAB} ids each (padding and "
+                         f"a real token), got {config.src_vocab_size} and {config.tgt_vocab_size}")
     configs, unsupported = supported_configs(spec, config, modes)
     checks: list[tuple[str, Tolerance | None, TransformerConfig, Callable[[], Result]]] = []
     for mode_config in configs:

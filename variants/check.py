@@ -26,13 +26,14 @@ import sys
 
 from tabulate import tabulate
 
-from common.cli import Parser, config_or_exit, error_line, positive
+from common.cli import Parser, config_or_exit, error_line, positive, seed_int
 from common.config import TransformerConfig
 from common.probes import first_divergence, number, precision_notes
 from variants import REFERENCE, VARIANTS, SpecError, build, variant_argument, variant_class
 from variants.battery import (
     CONFIG,
     MASK_HINT,
+    MIN_VOCAB,
     MODES,
     STEPS,
     Result,
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="package.module:ClassName, an entry point's name or a registered variant")
     parser.add_argument("--against", type=variant_argument, default=REFERENCE, metavar="VARIANT",
                         help=f"what SPEC must agree with (default {REFERENCE}, the reference)")
-    parser.add_argument("--seed", type=int, default=0, help="weights and batches (default 0)")
+    parser.add_argument("--seed", type=seed_int, default=0, help="weights and batches (default 0)")
     parser.add_argument("--norm", choices=tuple(NORM_CHOICES), default="both",
                         help="the norm modes to check: post (the paper's), pre, or both (default both)")
     parser.add_argument("--d-model", type=positive(int), default=CONFIG.d_model,
@@ -80,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="print a draft weight_map and probe_map for SPEC's class, as Python to paste, "
                              "and exit")
     args = parser.parse_args(argv)
+    if args.vocab is not None and min(args.vocab) < MIN_VOCAB:  # the battery's batches hold a real token
+        parser.error(f"--vocab must be at least {MIN_VOCAB} each (padding and a real token), "
+                     f"got {args.vocab[0]} {args.vocab[1]}")
     vocab = args.vocab or ((CONFIG.src_vocab_size,) * 2 if args.share_embeddings
                            else (CONFIG.src_vocab_size, CONFIG.tgt_vocab_size))
     config = config_or_exit(parser, CONFIG, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,

@@ -7,8 +7,16 @@ the fast decoding path (``seq2seq.decoding.static``), CPU float32 only.
 On CPU, PyTorch multiplies a float32 ``nn.Linear`` with MKL's SGEMM, and inductor's freezing packs
 float32 weights for MKL as well; oneDNN's packed product (``torch.ops.mkldnn._linear_pointwise``,
 what inductor runs for bfloat16 weights) is the same product summed in another order. Which one
-is faster depends on the CPU: measured in docs/decoding.md. The copy holds the weights as they
-were: build a new one after changing the model's.
+is faster depends on the CPU: measured in docs/decoding.md.
+
+What it serves: a model whose ``decoder`` and ``generator`` are modules built of ``nn.Linear``
+(of the registered variants, fused: the row compare.py's onednn row and the static decoders'
+``onednn`` use); any other model is a ``ValueError`` naming what it lacks (explicit and einsum
+have no ``generator``, torch no ``decoder``, mathfirst holds its weights as bare parameters),
+never a copy with nothing packed. The copy is a snapshot: it holds the weights as they were when
+it was built, and goes on computing with them after the model's change; build a new one then.
+It is for inference only: the copy's parameters do not require grad, and a packed linear refuses
+an input that requires grad while grad is enabled (oneDNN's packed product has no backward).
 
 Shape legend:
     N  any leading dims (B, T)   D_in  input features   D_out  output features
@@ -24,6 +32,7 @@ from torch import Tensor, nn
 from common.checks import model_device, model_dtype
 
 STEP_MODULES = ("decoder", "generator")  # the modules a decode step runs: their linears are packed
+SERVED = "the fused row (variants.fused)"  # the registered variant whose step modules are nn.Linear
 
 
 class OneDnnLinear(nn.Module):
@@ -36,18 +45,27 @@ class OneDnnLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() and any(tensor is not None and tensor.requires_grad
+                                           for tensor in (x, self.packed_weight, self.bias)):
+            raise RuntimeError("OneDnnLinear is inference-only (oneDNN's packed product has no backward): "
+                               "call it under torch.no_grad() or torch.inference_mode()")
         # (N, D_out); no activation fused after it
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
 def with_onednn_linears(model: nn.Module) -> nn.Module:
     """A copy of ``model`` (CPU, float32) whose decoder and generator ``nn.Linear`` modules are
-    ``OneDnnLinear``; ``ValueError`` where oneDNN cannot run them."""
+    ``OneDnnLinear``: a snapshot of its weights, for inference. ``ValueError`` where oneDNN
+    cannot run them, or where the model has no decoder and generator built of ``nn.Linear``
+    (every registered variant but fused)."""
+    if problem := unpackable(model):
+        raise ValueError(f"with_onednn_linears serves {SERVED}, whose decoder and generator are built of "
+                         f"nn.Linear: {type(model).__module__}.{type(model).__qualname__} {problem}")
     device, dtype = model_device(model), model_dtype(model)
     if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
         raise ValueError(f"oneDNN linears need a float32 model on a CPU with oneDNN (mkldnn available: "
                          f"{torch.backends.mkldnn.is_available()}), got {dtype} on {device}")
-    packed = copy.deepcopy(model)
+    packed = copy.deepcopy(model).requires_grad_(False)  # inference only: no graph through the copy
     for prefix in STEP_MODULES:
         root = packed.get_submodule(prefix)
         linears = [(name, module) for name, module in root.named_modules() if isinstance(module, nn.Linear)]
@@ -58,3 +76,16 @@ def with_onednn_linears(model: nn.Module) -> nn.Module:
             parent, _, attribute = name.rpartition(".")
             setattr(root.get_submodule(parent), attribute, OneDnnLinear(module))
     return packed
+
+
+def unpackable(model: nn.Module) -> str | None:
+    """Why ``model`` has no decoder and generator linears to pack (as words after its class
+    name), or None."""
+    missing = [name for name in STEP_MODULES if not isinstance(getattr(model, name, None), nn.Module)]
+    if missing:
+        return f"has no {' and no '.join(missing)} module"
+    empty = [name for name in STEP_MODULES
+             if not any(isinstance(module, nn.Linear) for module in model.get_submodule(name).modules())]
+    if empty:
+        return f"holds no nn.Linear in its {' and '.join(empty)} (0 linears to pack)"
+    return None

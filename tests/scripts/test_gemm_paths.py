@@ -27,3 +27,17 @@ def test_every_path_computes_the_same_product(capsys, monkeypatch):
 @pytest.mark.skipif(not torch._C.has_mkl, reason="an MKL build of torch")
 def test_mkl_reports_its_code_path():
     assert gemm_paths.mkl_code_path().startswith("MKL_VERBOSE oneMKL")
+
+
+def test_a_batch_past_the_bound_is_refused_before_any_work(capsys, monkeypatch):
+    """--batch 10000000 would ask the allocator for terabytes (the generator's output alone is
+    batch x 37000 floats): refused in one line naming the bound, before MKL's probe or a timing."""
+    monkeypatch.setattr(gemm_paths, "mkl_code_path", lambda: pytest.fail("worked first"))
+    monkeypatch.setattr(gemm_paths, "time_paths", lambda *a: pytest.fail("worked first"))
+    for batch in ("10000000", str(gemm_paths.MAX_BATCH + 1)):
+        with pytest.raises(SystemExit) as stop:
+            gemm_paths.main(["--batch", batch])
+        assert stop.value.code == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert f"--batch must be at most {gemm_paths.MAX_BATCH}" in line and f"got {batch}" in line, line
+    assert gemm_paths.MAX_BATCH == 1024

@@ -109,3 +109,12 @@ def test_one_row_is_no_test():
         metric_statistic([record("A", 0, 1.0), record("A", 1, 2.0)], "valid_loss")
     with pytest.raises(ValueError, match="metric must be one of"):
         metric_statistic(RECORDS, "chrf")
+
+
+def test_one_run_per_row_is_no_test():
+    """Each row a single run: Kruskal-Wallis would rank one value per group (H = k - 1, whatever
+    the values), and a row's spread with itself is unknown; refused by name, not printed as p."""
+    with pytest.raises(ValueError, match=r"at least two runs of each row .*, got 1 of A, B, C"):
+        metric_statistic([record("A", 0, 1.0), record("B", 0, 2.0), record("C", 0, 3.0)], "valid_loss")
+    with pytest.raises(ValueError, match=r"at least two runs of each row .*, got 1 of B"):
+        metric_statistic([record("A", 0, 1.0), record("A", 1, 1.5), record("B", 0, 2.0)], "valid_loss")

@@ -201,6 +201,26 @@ def test_the_perturbation_moves_the_factor_by_float32_ulps():
         perturbed_factor(0.7, -1)
 
 
+def test_the_controls_are_capped_where_the_rate_moves_by_less_than_a_hundredth_of_a_percent():
+    """The k-th control moves the factor by k float32 ulps of its binade; relative to the factor
+    that is at most k * 2^-23 (at the binade's bottom, e.g. 1.0): below 1e-4 for k <= 838, not
+    for 839. Past the cap a control would change the learning rate, not only its rounding."""
+    assert learners_study.MAX_CONTROLS == 838
+    assert (perturbed_factor(1.0, 838) - 1.0) / 1.0 == 838 * 2.0 ** -23 < 1e-4
+    assert 839 * 2.0 ** -23 > 1e-4
+    assert (perturbed_factor(1.9, 838) - 1.9) / 1.9 < 1e-4  # higher in the binade: smaller still
+    with pytest.raises(ValueError, match=r"control must be at most 838 .* got 839"):
+        perturbed_factor(1.0, 839)
+
+
+def test_a_study_of_10_to_the_18_controls_is_refused_before_any_run(sample_corpus):
+    settings = settings_for(sample_corpus, variants=("explicit", "fused"))
+    with pytest.raises(ValueError, match=r"controls must be at most 838 .* got 1000000000000000000"):
+        run_study(settings, None, (0,), 10**18)
+    with pytest.raises(ValueError, match=r"seed must be a seed in 0\.\.4294967295"):
+        run_study(settings, None, (2**64,), 1)
+
+
 def trained_weights(data, settings, factor: float) -> dict[str, torch.Tensor]:
     run = LearnersSettings(settings.corpus, settings.translation.replace(lr_factor=factor),
                            variants=settings.variants)
@@ -307,6 +327,12 @@ def test_the_study_command_resumes_and_prints_the_statistic(sample_corpus, tmp_p
     (["--controls", "2"], "takes its budget in --steps"),
     (["--seeds", "0", "0", "--steps", "5"], "names a seed twice"),
     (["--controls", "-1", "--steps", "5"], "--controls: must be at least 0"),
+    (["--seeds", str(2**64), "--steps", "5"], "--seeds: must be a seed in 0..4294967295"),
+    (["--seeds", "0", "-1", "--steps", "5"], "--seeds: must be a seed in 0..4294967295"),
+    (["--seed", str(2**32)], "--seed: must be a seed in 0..4294967295"),
+    (["--controls", str(10**18), "--steps", "5"], "--controls must be at most 838 (rounding only: "),
+    (["--controls", "100000", "--steps", "5"], "got 100000"),
+    (["--seeds", "3", "--steps", "5"], "the study needs at least two runs of each row"),
 ])
 def test_bad_options_fail_in_one_line(sample_corpus, tmp_path, capsys, argv, said):
     with pytest.raises(SystemExit) as exit_info:
@@ -314,6 +340,25 @@ def test_bad_options_fail_in_one_line(sample_corpus, tmp_path, capsys, argv, sai
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert said in err and "error:" in err, err
+
+
+@pytest.mark.parametrize(("argv", "taken"), [(["--seeds", "0", "1", "--steps", "2"], "study.json"),
+                                             (["--seeds", "0", "1", "--steps", "2"], "study.png"),
+                                             (["--steps", "2"], "learners.json"),
+                                             (["--steps", "2"], "learners.png")])
+def test_a_result_file_that_is_a_directory_is_refused_before_training(sample_corpus, tmp_path, monkeypatch,
+                                                                      capsys, argv, taken):
+    """The results are written after each run and at the end: a folder in a result file's place
+    would fail only then, the training done lost. Refused before the corpus is read."""
+    (tmp_path / taken).mkdir()
+    monkeypatch.setattr(learners_study, "prepare", lambda *a, **k: pytest.fail("prepared"))
+    monkeypatch.setattr(learners_study, "train_learner", lambda *a, **k: pytest.fail("trained"))
+    with pytest.raises(SystemExit) as stop:
+        learners_cli.main(["--data", str(sample_corpus.path), "--out", str(tmp_path),
+                           "--variants", "explicit", "fused", *argv])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--out {tmp_path}: {taken} is a directory, not a file" in line, line
 
 
 def test_a_missing_corpus_and_an_unwritable_out_fail_in_one_line(sample_corpus, tmp_path, capsys):

@@ -23,10 +23,10 @@ def test_a_row_per_decoder_each_with_the_baselines_tokens(capsys):
 
 
 def test_each_lever_is_a_row_and_each_search_has_its_baseline(capsys):
-    """Beam rows against beam_search's hypotheses, greedy rows against greedy_decode's tokens;
-    eager has no frozen row (freezing is a compile option)."""
+    """Beam rows against beam_search's hypotheses, greedy rows against greedy_decode's tokens
+    (eager only: --freezing, a compile option, is refused with it, below)."""
     assert main(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--src-len", "4", "--max-len", "4",
-                 "--modes", "eager", "--search", "greedy", "beam", "--log-probs", "--freezing", "--onednn",
+                 "--modes", "eager", "--search", "greedy", "beam", "--log-probs", "--onednn",
                  "--min-run-time", "0.01"]) == 0
     rows = re.findall(r"^\| (.+?) +\|.*\| (yes|no) +\|$", capsys.readouterr().out, flags=re.M)
     assert rows == [("greedy_decode (growing cache)", "yes"), ("static greedy, eager", "yes"),
@@ -62,3 +62,14 @@ def test_onednn_is_refused_off_cpu_float32(capsys):
         parse(["--device", "cpu", "--preset", "tiny", "--dtype", "bfloat16", "--onednn"])
     assert stop.value.code == 2
     assert "--onednn is a CPU float32 lever, got --device cpu --dtype bfloat16" in capsys.readouterr().err
+
+
+def test_freezing_without_a_compiled_mode_is_refused(capsys):
+    """--freezing freezes compiled modes only: with eager alone it would change nothing."""
+    with pytest.raises(SystemExit) as stop:
+        parse(["--device", "cpu", "--preset", "tiny", "--modes", "eager", "--freezing"])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--freezing applies to compiled modes only" in line and "got --modes eager" in line, line
+    settings = parse(["--device", "cpu", "--preset", "tiny", "--modes", "eager", "default", "--freezing"])
+    assert settings.freezing and settings.modes == ("eager", "default")

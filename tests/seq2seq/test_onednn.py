@@ -65,3 +65,50 @@ def test_onednn_is_refused_where_it_cannot_run():
         StaticGreedy(model, max_len=8, bos_id=1, eos_id=2, onednn=1)
     with pytest.raises(ValueError, match="onednn runs the step eagerly: give compile_mode None"):
         StaticBeam(model, max_len=8, bos_id=1, eos_id=2, onednn=True, compile_mode="default", freezing=True)
+
+
+@pytest.mark.parametrize("variant", ["explicit", "einsum", "mathfirst", "torch"])
+def test_a_model_without_packable_decoder_and_generator_linears_is_refused_by_name(variant):
+    """Only fused has a decoder and a generator made of nn.Linear modules (the row compare.py's
+    onednn row and the static decoders' onednn serve); the others are refused up front, never
+    handed back as a copy with nothing packed."""
+    model = build(variant, small_config(dropout=0.0), seed=0).eval()
+    refused = (r"with_onednn_linears serves the fused row .*: variants\.\S+\.Transformer "
+               r"(has no (decoder|generator) module|holds no nn\.Linear)")
+    with pytest.raises(ValueError, match=refused):
+        with_onednn_linears(model)
+
+
+def test_a_packed_linear_refuses_backward_work():
+    """Inference only: oneDNN's packed product has no backward, so an input that requires grad
+    with grad enabled is refused, not handed a gradient of None; under no_grad it runs, and the
+    packed copy requires no grad (a timing script may decode with grad mode on)."""
+    linear = nn.Linear(8, 4)
+    packed = OneDnnLinear(linear)
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"OneDnnLinear is inference-only .* torch\.no_grad"):
+        packed(x)
+    with torch.no_grad():
+        expected = x.double() @ linear.weight.double().T + linear.bias.double()
+        torch.testing.assert_close(packed(x).double(), expected, rtol=1e-5, atol=1e-5)
+    model = with_onednn_linears(build("fused", small_config(dropout=0.0), seed=0).eval())
+    assert not any(parameter.requires_grad for parameter in model.parameters())  # a copy to decode with
+    src, tgt = torch.randint(1, 19, (2, 5)), torch.randint(1, 19, (2, 4))
+    assert not model(src, tgt, None, None).requires_grad  # in grad mode too: no graph to go back through
+
+
+def test_the_packed_copy_is_a_snapshot_of_the_weights():
+    """Documented: the copy holds the weights it was built from. After the model's weights
+    change it still computes the old model's log-probs (and the changed model does not)."""
+    model = build("fused", small_config(dropout=0.0), seed=0).eval()
+    src, tgt = torch.randint(1, 19, (2, 5)), torch.randint(1, 19, (2, 4))
+    with torch.no_grad():
+        before = model(src, tgt, None, None)
+        packed = with_onednn_linears(model)
+        old = packed(src, tgt, None, None)
+        for parameter in model.parameters():
+            parameter.mul_(1.5)
+        changed = model(src, tgt, None, None)
+        assert torch.equal(packed(src, tgt, None, None), old)
+    torch.testing.assert_close(old, before, rtol=1e-4, atol=1e-4)  # the old weights' function
+    assert (changed - before).abs().max() > 1e-2  # ... which the changed model no longer computes

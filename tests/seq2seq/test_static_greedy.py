@@ -10,13 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from common.batches import random_batch
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
+from common.weights import export_weights
 from seq2seq.data import tasks
+from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.decoding.static import StaticGreedy, StaticNextToken, static_greedy_decode
+from seq2seq.decoding.static import StaticBeam, StaticGreedy, StaticNextToken, static_greedy_decode
 from tests.helpers import FLOAT64_TOL, small_config
 from tests.seq2seq.test_greedy import ScriptedModel
 from variants import build
@@ -252,3 +255,64 @@ def test_a_cache_refills_in_grad_mode_too(copy_model):
     for refilled, expected in zip(cache.layers, fresh.layers, strict=True):
         torch.testing.assert_close(refilled.cross_keys, expected.cross_keys, rtol=0, atol=0)
         torch.testing.assert_close(refilled.cross_values, expected.cross_values, rtol=0, atol=0)
+
+
+class ArgmaxInputs(TorchDispatchMode):
+    """Records the input of every argmax dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.argmax.default:
+            self.inputs.append(args[0].detach().clone())
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("from_logits", [True, False], ids=["logits", "log-probs"])
+def test_the_greedy_argmax_reads_the_generators_logits_or_the_log_probs_as_asked(from_logits):
+    """The first step's argmax reads the generator's output before log_softmax (``from_logits``)
+    or after it: expected, ``hidden @ W^T + b`` by hand from the canonical generator weights, on
+    the uncached decode of BOS. The tokens alone cannot tell the two apart."""
+    model = fused(CONFIG)
+    src, _, src_mask, _ = random_batch(CONFIG, 2, 5, 3).inputs()
+    canonical = export_weights(model)
+    with torch.no_grad():
+        hidden = model.decode(torch.full((2, 1), BOS), model.encode(src, src_mask), src_mask, None)
+    logits = hidden[:, -1] @ canonical["generator.weight"].T + canonical["generator.bias"]  # (B, V)
+    expected = logits if from_logits else logits - logits.logsumexp(dim=-1, keepdim=True)
+    watch = ArgmaxInputs()
+    with watch:
+        StaticGreedy(model, max_len=4, bos_id=BOS, eos_id=EOS, from_logits=from_logits)(src, src_mask)
+    assert len(watch.inputs) == 3  # one argmax per step
+    torch.testing.assert_close(watch.inputs[0], expected, **FLOAT64_TOL)
+
+
+@pytest.mark.parametrize("freezing", [True, False], ids=["frozen", "not-frozen"])
+@pytest.mark.parametrize("decoder", [StaticGreedy, StaticBeam], ids=["greedy", "beam"])
+def test_freezing_reaches_inductor_in_every_compiled_step(monkeypatch, decoder, freezing):
+    """A spy in torch.compile's place (nothing compiles): every step the decoder compiles is
+    given the mode's inductor options, with freezing on exactly when asked."""
+    calls = []
+
+    def spy(function, **options):
+        calls.append(options)
+        return function
+
+    monkeypatch.setattr(torch, "compile", spy)
+    decoder(fused(CONFIG), max_len=8, bos_id=BOS, eos_id=EOS, compile_mode="max-autotune", freezing=freezing)
+    mode_options = dict(torch._inductor.list_mode_options("max-autotune"))
+    assert mode_options and len(calls) == 2  # the log-probs step and the argmax step
+    expected = mode_options | ({"freezing": True} if freezing else {})
+    assert all(call == {"options": expected} for call in calls), calls
+
+
+@pytest.mark.parametrize("decode", [greedy_decode, beam_search, static_greedy_decode,
+                                    lambda *a, **k: StaticBeam(a[0], **k)(*a[1:])],
+                         ids=["greedy_decode", "beam_search", "StaticGreedy", "StaticBeam"])
+def test_a_source_mask_on_the_meta_device_is_refused_naming_the_device(decode):
+    model = fused(CONFIG)
+    src, _, src_mask, _ = random_batch(CONFIG, 2, 5, 3).inputs()
+    with pytest.raises(ValueError, match=r"src_mask is on meta but the model is on cpu"):
+        decode(model, src, src_mask.to("meta"), max_len=4, bos_id=BOS, eos_id=EOS)

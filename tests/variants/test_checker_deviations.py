@@ -302,6 +302,31 @@ def test_the_config_is_chosen_on_the_command_line_and_printed(capsys):
     assert "d_model (32) must be divisible by n_heads (5)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("vocab", [("1", "1"), ("2", "1"), ("1", "19")])
+def test_a_vocabulary_too_small_for_the_battery_is_one_line_and_exit_2(vocab, capsys):
+    """The battery's batches hold padding (id 0) and real tokens: a vocabulary of one id has no
+    real token to draw, refused before any build."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explicit", "--vocab", *vocab])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("python -m variants.check: error: --vocab must be at least 2 each") and \
+        f"got {' '.join(vocab)}" in line, line
+    with pytest.raises(ValueError, match=r"vocabularies of at least 2 ids each .* got 1 and 19"):
+        run_battery("explicit", config=CONFIG.replace(src_vocab_size=1, tgt_vocab_size=19))
+
+
+@pytest.mark.parametrize("seed", [str(2**64), "-1"])
+def test_a_seed_out_of_range_is_one_line_and_exit_2(seed, capsys):
+    """torch's generator refuses a seed past 2**64 - 1 ("Overflow when unpacking long long"), after
+    the battery has started: refused up front, in the range every consumer takes."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["explicit", "--seed", seed])
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"--seed: must be a seed in 0..4294967295 (2**32 - 1), got {seed}" in line, line
+
+
 def test_the_help_states_the_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

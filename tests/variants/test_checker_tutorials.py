@@ -221,6 +221,23 @@ def test_the_suggested_weight_map_is_the_one_written_by_hand(cls, config):
     assert concrete(weight_patterns(found), shapes) == concrete(cls.weight_map, shapes)
 
 
+@pytest.mark.parametrize("cls", [tutorial.Transformer, variant_class("explicit"), variant_class("einsum"),
+                                 variant_class("fused"), variant_class(REFERENCE)],
+                         ids=["tutorial", "explicit", "einsum", "fused", "torch"])
+def test_equal_vocabularies_untied_map_each_embedding_to_its_own_table(cls):
+    """Source and target vocabularies of one size (23 and 23) but two tables: the draft cannot
+    tell them apart by shape, and must still send src_embed and tgt_embed to different
+    parameters, each the one the class's hand-written map names."""
+    config = POST.replace(tgt_vocab_size=POST.src_vocab_size)
+    assert not config.share_embeddings
+    found = draft(interfaced(cls)(config), config)
+    shapes = canonical_shapes(config)
+    drafted, by_hand = concrete(weight_patterns(found), shapes), concrete(cls.weight_map, shapes)
+    src, tgt = drafted["src_embed.weight"], drafted["tgt_embed.weight"]
+    assert src.name != tgt.name, (src, tgt)
+    assert (src, tgt) == (by_hand["src_embed.weight"], by_hand["tgt_embed.weight"])
+
+
 @pytest.mark.parametrize(("spec", "config", "point"), [
     (f"{FIXTURES}.bugs:Source1LayerNorm", POST, "encoder.layers.0.norm1"),
     (f"{FIXTURES}.bugs:SwappedCrossKeysValues", POST, "decoder.layers.1.cross_attn"),
