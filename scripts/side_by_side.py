@@ -9,6 +9,8 @@ line of the body), so the page follows the code when it changes. The equation of
 is the first paragraph of mathfirst's docstring for it, which cites the paper's section. The
 lines that carry a style are marked: the calls the concept map's test knows each style by
 (``.view``/``.transpose``, ``einsum`` strings, mathfirst's ``einsum``/``rearrange`` patterns).
+A symbol's code is shown once per column, under the first concept that names it, with every
+concept it covers; a later concept that names it links back to that block instead.
 The HTML is one static file (Pygments' CSS embedded, no script); both pages link the source
 relative to the repository, and nothing in them depends on the machine or the time.
 """
@@ -37,6 +39,7 @@ HTML_PAGE = Path("docs/side-by-side.html")
 MARKDOWN_PAGE = Path("docs/side-by-side.md")
 SCREENSHOT = Path("docs/images/side-by-side.png")
 COMMAND = "python -m scripts.side_by_side"
+TITLE = "The three styles side by side"
 # The concept map's columns after the concept, in order; the first three are the teaching styles.
 COLUMNS = ("explicit", "einsum", "mathfirst", "torch reference")
 STYLES = COLUMNS[:3]
@@ -82,6 +85,32 @@ class Concept:
     equation: str | None  # the paper's, as mathfirst's docstring writes it
     equation_symbol: Symbol | None
     cells: tuple[Cell, ...]  # one per COLUMNS
+
+
+@dataclass(frozen=True)
+class Block:
+    """The code the pages show once in a column: a symbol the column names that no other symbol it
+    names contains (a class, say), holding the named symbols inside it (its methods)."""
+
+    column: str
+    symbol: Symbol
+    anchor: str  # its id in the HTML, its heading's anchor in the Markdown
+    home: str  # the concept (its Markdown title) under which the code is shown: the first to name it
+    covers: tuple[str, ...]  # every concept whose cell in this column names it or a symbol in it
+
+    def line_id(self, line: int) -> str:
+        """The HTML id of the file's line ``line`` in this block."""
+        return f"{self.anchor}-line-{line}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One item of a cell on the pages: a block's code, or one line that links to it."""
+
+    symbol: Symbol  # the symbol the cell names (for code: the block's own)
+    block: Block
+    code: bool
+    concept: str  # the concept (its Markdown title) whose cell this is
 
 
 def concept_map_rows(readme: str) -> list[list[str]]:
@@ -215,6 +244,66 @@ def slug(title: str) -> str:
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
+def block_heading(column: str, symbol: Symbol) -> str:
+    """The Markdown heading of a block (its anchor is the HTML block's id too)."""
+    return f"{column}: `{symbol.name}`"
+
+
+def container(symbol: Symbol, named: list[Symbol]) -> Symbol:
+    """The widest of ``named`` (``symbol`` among them) whose lines hold ``symbol``'s."""
+    holding = [other for other in named if other.path == symbol.path
+               and other.first <= symbol.first and symbol.last <= other.last]
+    return max(holding, key=lambda other: other.last - other.first)
+
+
+def placement(rows: list[Concept]) -> list[list[list[Entry]]]:
+    """Per concept, per cell, what the pages show: the first time a column names a symbol of a
+    block, the block's code, then a line for each named symbol that is not the block's own symbol
+    or whose block was shown before. Anchors are GitHub's, numbered as the Markdown page's headings
+    come: the title, then each concept's heading and the headings of the blocks it shows."""
+    named: dict[str, list[Symbol]] = {}
+    for concept in rows:
+        for cell in concept.cells:
+            named.setdefault(cell.column, []).extend(
+                symbol for symbol in cell.symbols if symbol not in named.get(cell.column, []))
+    covers: dict[tuple[str, Symbol], list[str]] = {}
+    for concept in rows:
+        for cell in concept.cells:
+            for symbol in cell.symbols:
+                titles = covers.setdefault((cell.column, container(symbol, named[cell.column])), [])
+                if concept.title not in titles:
+                    titles.append(concept.title)
+    seen: dict[str, int] = {}
+
+    def anchor(heading: str) -> str:
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        return base if count == 0 else f"{base}-{count}"
+
+    anchor(TITLE)
+    blocks: dict[tuple[str, Symbol], Block] = {}
+    result = []
+    for concept in rows:
+        anchor(concept.title)
+        cells = []
+        for cell in concept.cells:
+            entries = []
+            for symbol in cell.symbols:
+                outer = container(symbol, named[cell.column])
+                key = (cell.column, outer)
+                first = key not in blocks
+                if first:
+                    blocks[key] = Block(cell.column, outer, anchor(block_heading(cell.column, outer)),
+                                        concept.title, tuple(covers[key]))
+                    entries.append(Entry(outer, blocks[key], True, concept.title))
+                if not first or symbol != outer:
+                    entries.append(Entry(symbol, blocks[key], False, concept.title))
+            cells.append(entries)
+        result.append(cells)
+    return result
+
+
 def markdown_cell(markdown: str, prefix: str) -> str:
     """A concept map cell for a page one folder down: its relative links get ``prefix``."""
     return re.sub(r"\]\(((?!#|[a-z]+:)[^)]*)\)", lambda m: f"]({prefix}{m.group(1)})", markdown)
@@ -259,6 +348,7 @@ section.concept { border-top: 2px solid #d0d7de; padding-top: 12px; margin-top: 
 .block { margin: 6px 0 10px; }
 .where { font-size: 12px; color: #57606a; margin: 2px 0; }
 .where a { color: #0969da; }
+.covers { font-size: 12px; color: #57606a; margin: 2px 0; }
 .highlight { background: #f6f8fa; border: 1px solid #d0d7de; border-radius: 4px; }
 .highlight pre { margin: 0; padding: 6px 8px; white-space: pre-wrap; overflow-wrap: anywhere;
                  font: 12px/1.4 ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; }
@@ -277,26 +367,45 @@ def source_link(symbol: Symbol) -> str:
             f'href="../{symbol.path}#L{symbol.line}">{symbol.path}:{symbol.line}</a>')
 
 
-def code_html(symbol: Symbol, column: str, block_id: str) -> str:
+def code_html(block: Block) -> str:
+    symbol, column = block.symbol, block.column
     marked = [line - symbol.first + 1 for line in style_lines(symbol, column)]
     formatter = HtmlFormatter(linenos="inline", linenostart=symbol.first, hl_lines=marked,
-                              wrapcode=True, linespans=block_id)
+                              wrapcode=True, linespans=f"{block.anchor}-line")
     where = (f'<p class="where"><code>{html.escape(symbol.name)}</code> · '
              f"{source_link(symbol)}")
     if marked:
         where += f" · style: {lines_text(style_lines(symbol, column))}"
-    return f'<div class="block">{where}</p>\n{highlight(symbol.source, PythonLexer(), formatter)}</div>'
+    covers = ", ".join(f'<a href="#{slug(title)}">{html.escape(plain(title))}</a>' for title in block.covers)
+    return (f'<div class="block" id="{block.anchor}">{where}</p>\n<p class="covers">covers: {covers}</p>\n'
+            f"{highlight(symbol.source, PythonLexer(), formatter)}</div>")
 
 
-def column_html(cell: Cell, css_class: str, concept_id: str) -> str:
-    column_id = f"{concept_id}-{cell.column.split()[0]}"
-    blocks = "\n".join(code_html(symbol, cell.column, f"{column_id}-{k}")
-                       for k, symbol in enumerate(cell.symbols, start=1))
+def reference_text(entry: Entry) -> str:
+    """Where a mention's code is: "shown under …", or "in `Class`, shown under …" ("above" in the
+    concept that shows it)."""
+    inside = "" if entry.symbol == entry.block.symbol else f"in `{entry.block.symbol.name}`, "
+    where = "above" if entry.block.home == entry.concept else f"under {plain(entry.block.home)}"
+    return f"{inside}shown {where}"
+
+
+def reference_html(entry: Entry) -> str:
+    """A mention of a symbol whose code another block shows: one line that links to its first line
+    there (to the block itself if it is the block's own symbol)."""
+    symbol, block = entry.symbol, entry.block
+    target = block.anchor if symbol == block.symbol else block.line_id(symbol.first)
+    return (f'<div class="block shown"><p class="where"><code>{html.escape(symbol.name)}</code> · '
+            f'{source_link(symbol)} · <a class="shown" href="#{target}">'
+            f"{html_cell(reference_text(entry), '')}</a></p></div>")
+
+
+def column_html(cell: Cell, entries: list[Entry], css_class: str) -> str:
+    blocks = "\n".join(code_html(entry.block) if entry.code else reference_html(entry) for entry in entries)
     return (f'<div class="{css_class}" data-column="{html.escape(cell.column)}">'
             f"<h3>{html.escape(cell.column)}</h3><p>{html_cell(cell.text, '../')}</p>\n{blocks}</div>")
 
 
-def concept_html(concept: Concept) -> str:
+def concept_html(concept: Concept, entries: list[list[Entry]]) -> str:
     concept_id = slug(concept.title)
     parts = [f'<section class="concept" id="{concept_id}">',
              f"<h2>{html_cell(concept.title, '../')}</h2>"]
@@ -306,11 +415,10 @@ def concept_html(concept: Concept) -> str:
                      f'<span class="from">the paper, as mathfirst\'s <code>{html.escape(source.name)}</code> '
                      f"writes it ({source_link(source)})"
                      f"</span></div>")
-    styles = [cell for cell in concept.cells if cell.column in STYLES]
-    columns = "\n".join(column_html(cell, "column", concept_id) for cell in styles)
+    cells = list(zip(concept.cells, entries, strict=True))
+    columns = "\n".join(column_html(cell, shown, "column") for cell, shown in cells if cell.column in STYLES)
     parts.append(f'<div class="columns">\n{columns}\n</div>')
-    parts += [column_html(cell, "reference", concept_id)
-              for cell in concept.cells if cell.column not in STYLES]
+    parts += [column_html(cell, shown, "reference") for cell, shown in cells if cell.column not in STYLES]
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -318,13 +426,14 @@ def concept_html(concept: Concept) -> str:
 def render_html(rows: list[Concept]) -> str:
     style = HtmlFormatter().get_style_defs(".highlight")
     nav = " ".join(f'<a href="#{slug(c.title)}">{html.escape(plain(c.title))}</a>' for c in rows)
-    body = "\n".join(concept_html(concept) for concept in rows)
+    body = "\n".join(concept_html(concept, entries)
+                     for concept, entries in zip(rows, placement(rows), strict=True))
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>The three styles side by side</title>
+<title>{TITLE}</title>
 <style>
 {style}
 {CSS.strip()}
@@ -332,13 +441,15 @@ def render_html(rows: list[Concept]) -> str:
 </head>
 <body>
 <main>
-<h1>The three styles side by side</h1>
+<h1>{TITLE}</h1>
 <p>Each concept of the paper: its equation as mathfirst's docstring writes it, then the code of
 explicit, einsum and mathfirst in three columns, and the torch reference's beneath them. The rows
 and symbols are the <a href="../README.md#concept-map">README's concept map</a>; the code is the
-live source, with each file's line numbers. <span class="legend"><span class="hll">Marked lines</span>
-carry the style: <code>.view</code>/<code>.transpose</code> in explicit, the <code>einsum</code>
-strings in einsum, the <code>einsum</code>/<code>rearrange</code> patterns in mathfirst.</span>
+live source, with each file's line numbers, shown once per column: under the first concept that
+names it, with every concept it covers; a later concept links back to it.
+<span class="legend"><span class="hll">Marked lines</span> carry the style:
+<code>.view</code>/<code>.transpose</code> in explicit, the <code>einsum</code> strings in einsum,
+the <code>einsum</code>/<code>rearrange</code> patterns in mathfirst.</span>
 Written by <code>{COMMAND}</code>; the same in Markdown: <a href="side-by-side.md">side-by-side.md</a>.</p>
 <nav>{nav}</nav>
 {body}
@@ -350,30 +461,41 @@ Written by <code>{COMMAND}</code>; the same in Markdown: <a href="side-by-side.m
 
 # ---------------------------------------------------------------- Markdown
 
-def code_markdown(symbol: Symbol, column: str) -> str:
+def code_markdown(block: Block) -> str:
+    symbol, column = block.symbol, block.column
     marked = style_lines(symbol, column)
-    where = f"`{symbol.name}` at [{symbol.path}:{symbol.line}](../{symbol.path})"
+    covers = ", ".join(f"[{plain(title)}](#{slug(title)})" for title in block.covers)
+    where = f"`{symbol.name}` at [{symbol.path}:{symbol.line}](../{symbol.path}); covers {covers}"
     if marked:
         where += f"; {STYLE_WORDS[column]} on {lines_text(marked)}"
-    return f"{where}:\n\n```python\n{symbol.source}```\n"
+    return (f"### {block_heading(column, symbol)}\n\n{where}:\n\n"
+            f"```python\n{symbol.source}```\n")
 
 
-def concept_markdown(concept: Concept) -> str:
+def reference_markdown(entry: Entry) -> str:
+    """A mention of a symbol whose code another block shows: one line that links to the block."""
+    symbol = entry.symbol
+    return (f"`{symbol.name}` at [{symbol.path}:{symbol.line}](../{symbol.path}): "
+            f"[{reference_text(entry)}](#{entry.block.anchor}).\n")
+
+
+def concept_markdown(concept: Concept, entries: list[list[Entry]]) -> str:
     parts = [f"## {plain(concept.title)}\n"]
     if concept.equation:
         source = concept.equation_symbol
         parts.append(f"The paper, as mathfirst's `{source.name}` writes it at "
                      f"[{source.path}:{source.line}](../{source.path}):\n\n```text\n{concept.equation}\n```\n")
-    for cell in concept.cells:
+    for cell, shown in zip(concept.cells, entries, strict=True):
         parts.append(f"**{cell.column}**: {markdown_cell(cell.text, '../')}\n")
-        parts += [code_markdown(symbol, cell.column) for symbol in cell.symbols]
+        parts += [code_markdown(entry.block) if entry.code else reference_markdown(entry) for entry in shown]
     return "\n".join(parts)
 
 
 def render_markdown(rows: list[Concept]) -> str:
     contents = "\n".join(f"- [{plain(c.title)}](#{slug(c.title)})" for c in rows)
-    body = "\n".join(concept_markdown(concept) for concept in rows)
-    return f"""# The three styles side by side
+    body = "\n".join(concept_markdown(concept, entries)
+                     for concept, entries in zip(rows, placement(rows), strict=True))
+    return f"""# {TITLE}
 
 This page covers each concept of the paper as the three styles write it: the equation as
 mathfirst's docstring gives it, then the code of explicit, einsum and mathfirst (and the torch
@@ -384,8 +506,10 @@ line, and `{COMMAND}` writes this page and its column view,
 
 ![The scaled dot-product attention row of side-by-side.html in three columns](images/side-by-side.png)
 
-The lines that carry each style are listed under its code: {STYLE_WORDS["explicit"]} in explicit,
-{STYLE_WORDS["einsum"]} in einsum, {STYLE_WORDS["mathfirst"]} in mathfirst.
+Each symbol's code is shown once per column, under the first concept that names it, with the
+concepts it covers; a later concept that names it links back to it. The lines that carry each
+style are listed above its code: {STYLE_WORDS["explicit"]} in explicit, {STYLE_WORDS["einsum"]}
+in einsum, {STYLE_WORDS["mathfirst"]} in mathfirst.
 
 {contents}
 

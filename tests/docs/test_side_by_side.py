@@ -1,8 +1,11 @@
 """The side-by-side pages (docs/side-by-side.html and .md) cannot go stale or lie: they are what
 ``python -m scripts.side_by_side`` writes now; they hold every concept of the README's concept
-map; each code cell is ``inspect.getsource`` of the symbol the map names, marks the lines that
-carry its style, and links the line of that symbol's definition. In a real browser (slow) the
-three columns stand side by side at a desktop width, nothing overflows, every block shows."""
+map and every symbol it names; each code block is ``inspect.getsource`` of a symbol the map
+names, shown once per column (a method the map also names inside its class's block), under the
+first concept that names it, with exactly the concepts it covers; every later mention links to
+it; the code marks the lines that carry its style and links the line of its definition. In a
+real browser (slow) the three columns stand side by side at a desktop width, nothing overflows,
+every block shows."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import pygments
 import pytest
 
 from scripts import side_by_side
-from tests.docs.pages import DOCS, LINK, ROOT, section, slug
+from tests.docs.pages import DOCS, LINK, ROOT, anchors, section, slug
 
 HTML_PAGE = DOCS / "side-by-side.html"
 MARKDOWN_PAGE = DOCS / "side-by-side.md"
@@ -53,23 +56,40 @@ def html_sections(page: str) -> dict[str, str]:
 
 
 def html_blocks(section_html: str) -> list[dict]:
-    """Each code block of a section: its column, symbol, link, code text and marked lines."""
-    blocks = []
+    """Each entry of a section, in order: a code block (its column, id, symbol, link, covered
+    concepts, code text and marked lines) or a one-line mention (its column, symbol, link and the
+    #anchor it points to)."""
+    entries = []
     for column, body in re.findall(r'<div class="(?:column|reference)" data-column="([^"]+)">(.*?)'
                                    r'(?=<div class="(?:column|reference)" data-column=|\Z)',
                                    section_html, flags=re.S):
-        for name, href, text, pre in re.findall(
-                r'<p class="where"><code>([^<]+)</code> · <a class="source" [^>]*href="([^"]+)">([^<]+)</a>'
-                r".*?<pre>(.*?)</pre>", body, flags=re.S):
-            lines = re.findall(r'<span id="[^"]+">(.*?)\n</span>', pre, flags=re.S)
+        starts = list(re.finditer(r'<div class="block( shown)?"(?: id="([^"]+)")?>', body))
+        ends = [start.start() for start in starts[1:]] + [len(body)] * bool(starts)
+        for start, end in zip(starts, ends, strict=True):
+            block = body[start.start():end]
+            name, href, text = re.search(r'<p class="where"><code>([^<]+)</code> · '
+                                         r'<a class="source" [^>]*href="([^"]+)">([^<]+)</a>', block).groups()
+            entry = {"column": html.unescape(column), "symbol": name, "href": href, "text": text}
+            if start.group(1):
+                entry["kind"] = "mention"
+                entry["target"] = re.search(r'<a class="shown" href="#([^"]+)">', block)[1]
+                entries.append(entry)
+                continue
+            pre = re.search(r"<pre>(.*?)</pre>", block, flags=re.S)[1]
+            lines = re.findall(r'<span id="([^"]+)">(.*?)\n</span>', pre, flags=re.S)
             numbers = [int(html.unescape(re.search(r'<span class="linenos">\s*(\d+)</span>', line)[1]))
-                       for line in lines]
+                       for _, line in lines]
             code = "".join(html.unescape(re.sub(r"<[^>]+>", "", re.sub(
-                r'<span class="linenos">[^<]*</span>', "", line))) + "\n" for line in lines)
-            marked = [number for number, line in zip(numbers, lines, strict=True) if 'class="hll"' in line]
-            blocks.append({"column": html.unescape(column), "symbol": name, "href": href,
-                           "text": text, "code": code, "numbers": numbers, "marked": marked})
-    return blocks
+                r'<span class="linenos">[^<]*</span>', "", line))) + "\n" for _, line in lines)
+            marked = [number for number, (_, line) in zip(numbers, lines, strict=True)
+                      if 'class="hll"' in line]
+            covers = re.search(r'<p class="covers">covers: (.*?)</p>', block)[1]
+            entry.update(kind="code", id=start.group(2), code=code, numbers=numbers, marked=marked,
+                         line_ids=dict(zip(numbers, (line_id for line_id, _ in lines), strict=True)),
+                         covers=[(target, html.unescape(title)) for target, title in
+                                 re.findall(r'<a href="#([^"]+)">([^<]+)</a>', covers)])
+            entries.append(entry)
+    return entries
 
 
 def markdown_sections(page: str) -> dict[str, str]:
@@ -77,12 +97,25 @@ def markdown_sections(page: str) -> dict[str, str]:
     return dict(re.findall(r"^## (.+?)\n(.*?)(?=^## |\Z)", page, flags=re.M | re.S))
 
 
+MARKDOWN_CODE = re.compile(r"^### (?P<heading>.+?)\n\n"
+                           r"`(?P<symbol>[\w.]+)` at \[(?P<text>[^\]]+)\]\((?P<href>[^)]+)\)"
+                           r"; covers (?P<covers>(?:\[[^\]]+\]\(#[^)]+\)(?:, )?)+).*?:\n\n"
+                           r"```python\n(?P<code>.*?)```$", flags=re.M | re.S)
+MARKDOWN_MENTION = re.compile(r"^`(?P<symbol>[\w.]+)` at \[(?P<text>[^\]]+)\]\((?P<href>[^)]+)\): "
+                              r"\[[^\]]+\]\(#(?P<target>[^)]+)\)\.$", flags=re.M)
+
+
 def markdown_blocks(section_text: str) -> list[dict]:
-    """Each code block of a section: its symbol, file:line link and code."""
-    return [{"symbol": name, "text": text, "target": target, "code": code}
-            for name, text, target, code in re.findall(
-                r"^`([\w.]+)` at \[([^\]]+)\]\(([^)]+)\).*?:\n\n```python\n(.*?)```$",
-                section_text, flags=re.M | re.S)]
+    """Each entry of a section, in order: a code block under its heading (its anchor, symbol,
+    file:line link, covered concepts and code) or a one-line mention (its symbol, link, target)."""
+    found = [(m.start(), {"kind": "code", "heading": m["heading"], "symbol": m["symbol"], "text": m["text"],
+                          "href": m["href"], "code": m["code"],
+                          "covers": [(target, title) for title, target in
+                                     re.findall(r"\[([^\]]+)\]\(#([^)]+)\)", m["covers"])]})
+             for m in MARKDOWN_CODE.finditer(section_text)]
+    found += [(m.start(), {"kind": "mention", **m.groupdict()})
+              for m in MARKDOWN_MENTION.finditer(section_text)]
+    return [entry for _, entry in sorted(found, key=lambda item: item[0])]
 
 
 def live_object(path: str, symbol: str):
@@ -113,6 +146,48 @@ def expected_source(path: str, symbol: str) -> str:
         assert value == obj, f"{path}::{symbol}: the assignment does not give the live value"
         return statement
     raise AssertionError(f"{path}::{symbol}: no complete assignment found")
+
+
+def outermost(column_named: list[tuple[str, str]], symbol: str, path: str) -> str:
+    """The symbol whose block shows ``symbol``'s code: the shortest name the column names in the
+    same file that is ``symbol`` or a dotted prefix of it (``Class`` for ``Class.method``)."""
+    return min((name for name, file in column_named
+                if file == path and (symbol == name or symbol.startswith(name + "."))), key=len)
+
+
+def expected_layout() -> list[list[list[tuple[str, str, str]]]]:
+    """Per row of the map, per column, what the pages show, as (kind, symbol, path): a block's code
+    the first time the column names it or a symbol in it, then a mention of each named symbol
+    that is not that block's own or whose block came before."""
+    rows = map_rows()
+    named = {column: [] for column in COLUMNS}
+    for row in rows:
+        for column, cell in zip(COLUMNS, row[1:], strict=True):
+            named[column] += [found for found in LINK.findall(cell) if found not in named[column]]
+    shown: set[tuple[str, str, str]] = set()
+    layout = []
+    for row in rows:
+        cells = []
+        for column, cell in zip(COLUMNS, row[1:], strict=True):
+            entries = []
+            for symbol, path in LINK.findall(cell):
+                outer = outermost(named[column], symbol, path)
+                first = (column, outer, path) not in shown
+                if first:
+                    shown.add((column, outer, path))
+                    entries.append(("code", outer, path))
+                if not first or symbol != outer:
+                    entries.append(("mention", symbol, path))
+            cells.append(entries)
+        layout.append(cells)
+    return layout
+
+
+def expected_covers(column: str, outer: str, path: str) -> list[str]:
+    """The concepts whose cell in ``column`` names ``outer`` or a symbol in it, in the map's order."""
+    return [plain(row[0]) for row in map_rows()
+            if any(file == path and (symbol == outer or symbol.startswith(outer + "."))
+                   for symbol, file in LINK.findall(row[1 + COLUMNS.index(column)]))]
 
 
 @pytest.fixture(scope="module")
@@ -212,42 +287,108 @@ def test_every_concept_of_the_map_has_a_section_in_order(page, markdown):
         assert columns == list(COLUMNS), f"{concept}: columns {columns}"
 
 
-@pytest.mark.parametrize("form", ["html", "markdown"])
-def test_every_cell_is_the_source_of_the_symbols_the_map_names(form, page, markdown):
-    """Each row shows one block per symbol its cells link, in the map's order, and each block's
-    code is ``inspect.getsource`` of that symbol (the file's line numbers beside it)."""
+def page_entries(form: str, page: str, markdown: str) -> list[list[dict]]:
+    """Per section, its entries; a Markdown entry gets the column whose bold label precedes it."""
     if form == "html":
-        sections = list(html_sections(page).values())
-        blocks_of = html_blocks
-    else:
-        sections = list(markdown_sections(markdown).values())
-        blocks_of = markdown_blocks
-    rows = map_rows()
-    assert len(sections) == len(rows)
+        return [html_blocks(text) for text in html_sections(page).values()]
+    result = []
+    for text in markdown_sections(markdown).values():
+        labels = [(m.start(), m[1]) for m in re.finditer(r"^\*\*(.+?)\*\*: ", text, flags=re.M)]
+        entries = []
+        for entry in markdown_blocks(text):
+            at = text.index(f"### {entry['heading']}\n" if entry["kind"] == "code"
+                            else f"`{entry['symbol']}` at [{entry['text']}]({entry['href']}): ")
+            entry["column"] = [label for start, label in labels if start < at][-1]
+            entries.append(entry)
+        result.append(entries)
+    return result
+
+
+@pytest.mark.parametrize("form", ["html", "markdown"])
+def test_every_symbol_the_map_names_is_shown_once_per_column_then_linked(form, page, markdown):
+    """Every symbol each cell links appears in its row and column, in the map's order: its code the
+    first time its column names it (a method inside its class's block, when the column names the
+    class too), a one-line mention linking back to that block after. Each block's code is
+    ``inspect.getsource`` of its symbol (the file's line numbers beside it), no symbol's code shows
+    twice in a column, and a mention's code is in the block it links to, which came before it or
+    just above; in the HTML, a method's mention links the line of its definition in the block."""
+    sections = page_entries(form, page, markdown)
+    rows, layout = map_rows(), expected_layout()
+    assert len(sections) == len(rows) == len(layout)
+    ids = anchors(MARKDOWN_PAGE) if form == "markdown" else set(re.findall(r' id="([^"]+)"', page))
+    concept_ids = {slug(row[0]) for row in rows}
+    blocks: dict[str, dict] = {}  # anchor -> the code block, as the page has shown them so far
+    shown: dict[str, list[str]] = {column: [] for column in COLUMNS}
+    for row, entries, expected in zip(rows, sections, layout, strict=True):
+        assert [(e["column"], e["kind"], e["symbol"]) for e in entries] == [
+            (column, kind, symbol) for column, cell in zip(COLUMNS, expected, strict=True)
+            for kind, symbol, _ in cell], row[0]
+        paths = [path for cell in expected for _, _, path in cell]
+        for entry, path in zip(entries, paths, strict=True):
+            assert entry["text"].startswith(f"{path}:"), (row[0], entry["text"])
+            source = expected_source(path, entry["symbol"])
+            if entry["kind"] == "code":
+                assert entry["code"] == source, f"{row[0]}: the code of {path}::{entry['symbol']} differs"
+                assert not any(source in code or code in source for code in shown[entry["column"]]), (
+                    f"{row[0]}: the code of {path}::{entry['symbol']} shows twice in {entry['column']}")
+                shown[entry["column"]].append(source)
+                if form == "markdown":
+                    assert entry["heading"] == f"{entry['column']}: `{entry['symbol']}`"
+                anchor = entry["id"] if form == "html" else slug(entry["heading"])
+                assert anchor in ids and anchor not in blocks and anchor not in concept_ids, anchor
+                if form == "html":
+                    first = entry["numbers"][0]
+                    assert entry["numbers"] == list(range(first, first + source.count("\n")))
+                blocks[anchor] = entry
+                continue
+            target = entry["target"]
+            block = next((b for anchor, b in blocks.items()
+                          if target == anchor or target in b.get("line_ids", {}).values()), None)
+            assert block is not None, f"{row[0]}: {entry['symbol']} links #{target}, no block shown before"
+            assert target in ids and block["column"] == entry["column"]
+            assert source in block["code"], f"{row[0]}: #{target} does not show {path}::{entry['symbol']}"
+            if form == "html" and entry["symbol"] == block["symbol"]:
+                assert target == block["id"], target
+            elif form == "html":  # a method of the block's class: the line of its definition there
+                number = next(n for n, line_id in block["line_ids"].items() if line_id == target)
+                start = block["code"].index(source)
+                assert number == block["numbers"][block["code"].count("\n", 0, start)], target
+    assert sum(len(codes) for codes in shown.values()) >= 45
+
+
+@pytest.mark.parametrize("form", ["html", "markdown"])
+def test_each_block_lists_the_concepts_it_covers(form, page, markdown):
+    """A block's "covers" links every concept whose cell in its column names its symbol or a symbol
+    in it (a method of its class), in the map's order, each to that concept's section."""
+    concept_ids = {plain(row[0]): slug(row[0]) for row in map_rows()}
     checked = 0
-    for row, text in zip(rows, sections, strict=True):
-        blocks = blocks_of(text)
-        named = [(symbol, path) for cell in row[1:] for symbol, path in LINK.findall(cell)]
-        assert [block["symbol"] for block in blocks] == [symbol for symbol, _ in named], row[0]
-        for block, (symbol, path) in zip(blocks, named, strict=True):
-            expected = expected_source(path, symbol)
-            assert block["code"] == expected, f"{row[0]}: the code of {path}::{symbol} differs"
-            assert block["text"].startswith(f"{path}:")
-            if form == "html":
-                first = block["numbers"][0]
-                assert block["numbers"] == list(range(first, first + expected.count("\n")))
+    for entries, row_cells in zip(page_entries(form, page, markdown), expected_layout(), strict=True):
+        codes = [(column, symbol, path) for column, cell in zip(COLUMNS, row_cells, strict=True)
+                 for kind, symbol, path in cell if kind == "code"]
+        blocks = [entry for entry in entries if entry["kind"] == "code"]
+        for block, (column, symbol, path) in zip(blocks, codes, strict=True):
+            titles = expected_covers(column, symbol, path)
+            assert [title for _, title in block["covers"]] == titles, (column, symbol)
+            assert [target for target, _ in block["covers"]] == [concept_ids[t] for t in titles]
             checked += 1
-    assert checked >= 40
+    assert checked >= 45
+    row = next(row for row in map_rows() if row[0].startswith("scaled dot-product attention"))
+    attention = [b for b in html_blocks(html_sections(page)[slug(row[0])])
+                 if b["kind"] == "code" and b["column"] == "explicit"]
+    assert [title.split(" (")[0] for _, title in attention[0]["covers"]] == [
+        "scaled dot-product attention", "head split and merge", "multi-head attention"]
 
 
 def test_every_column_of_a_row_is_the_maps_cell(page):
-    """The HTML's three columns hold the explicit, einsum and mathfirst cells in that order."""
+    """The HTML's three columns hold the explicit, einsum and mathfirst cells in that order, each
+    naming (shown or linked) every symbol its cell links."""
     for row, section_html in zip(map_rows(), html_sections(page).values(), strict=True):
         by_column: dict[str, list[str]] = {column: [] for column in COLUMNS}
         for block in html_blocks(section_html):
             by_column[block["column"]].append(block["symbol"])
         for column, cell in zip(COLUMNS, row[1:], strict=True):
-            assert by_column[column] == [symbol for symbol, _ in LINK.findall(cell)], (row[0], column)
+            named = [symbol for symbol, _ in LINK.findall(cell)]
+            assert [s for s in by_column[column] if s in named] == named, (row[0], column)
 
 
 def definition_line(file: Path, line: int, symbol: str) -> bool:
@@ -296,6 +437,8 @@ def test_marked_lines_are_the_ones_that_carry_the_style(page):
     sections = html_sections(page)
     for concept_id, section_html in sections.items():
         for block in html_blocks(section_html):
+            if block["kind"] != "code":
+                continue
             if block["column"] not in STYLE_LINE:
                 assert block["marked"] == [], f"{concept_id}: the reference marks lines"
                 continue
@@ -306,11 +449,18 @@ def test_marked_lines_are_the_ones_that_carry_the_style(page):
             assert calling <= marked, f"{concept_id} {block['symbol']}: unmarked {sorted(calling - marked)}"
             starts = [n for n in sorted(marked) if n - 1 not in marked]
             assert all(n in calling for n in starts), f"{concept_id} {block['symbol']}: {sorted(marked)}"
+    code = {block["id"]: block for text in sections.values() for block in html_blocks(text)
+            if block["kind"] == "code"}
     for concept in ATTENTION_ROWS:
-        concept_id = next(key for key in sections if key.startswith(slug(concept)))
+        row = next(row for row in map_rows() if row[0].startswith(concept))
         for column in STYLE_LINE:
-            assert any(block["marked"] for block in html_blocks(sections[concept_id])
-                       if block["column"] == column), f"{concept}: nothing marked in {column}"
+            marked = []  # in the lines of each symbol the cell names, wherever its block is
+            for symbol, path in LINK.findall(row[1 + COLUMNS.index(column)]):
+                lines, start = inspect.getsourcelines(live_object(path, symbol)[2])
+                marked += [n for block in code.values() if block["column"] == column
+                           and block["href"].startswith(f"../{path}#") for n in block["marked"]
+                           if start <= n < start + len(lines)]
+            assert marked, f"{concept}: nothing marked in {column}"
 
 
 def test_each_paper_concept_shows_the_equation_from_mathfirsts_docstring(page):
