@@ -1,7 +1,8 @@
 """The core every variant stands on, and nothing that uses a model.
 
 config (``TransformerConfig``), masks, positions (the sinusoid table), checks (input checks),
-cache (the key/value cache of incremental decoding), probes (points to compare two models at),
+cache (the key/value cache of incremental decoding), probes (the points two models are compared
+at, and the hooks that capture them; the finder itself is the checker's, ``variants.check``),
 interface (``EncoderDecoder``, the interface every variant implements), weights (canonical
 weights and their maps), batches (random batches) and cli (helpers for the command lines).
 """

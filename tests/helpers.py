@@ -11,8 +11,11 @@ import torch
 from common.config import TransformerConfig
 from common.weights import canonical_shapes, import_weights, transfer
 from variants import REFERENCE, build
+from variants.check.tolerances import FLOAT64, LOSSES
 
-FLOAT64_TOL = dict(atol=1e-10, rtol=0.0)
+# the checker's tolerances (variants/check/tolerances.py), as assert_close's keywords
+FLOAT64_TOL = dict(atol=FLOAT64.atol, rtol=FLOAT64.rtol)  # log-probs and gradients in float64
+LOSSES_TOL = dict(atol=LOSSES.atol, rtol=LOSSES.rtol)  # losses and weights after optimiser steps, float64
 
 
 def small_config(**changes) -> TransformerConfig:
@@ -40,6 +43,13 @@ def random_canonical(config: TransformerConfig, seed: int = 0) -> dict[str, torc
     if config.share_embeddings:
         state["tgt_embed.weight"] = state["generator.weight"] = state["src_embed.weight"]
     return state
+
+
+def seeded(name: str, config: TransformerConfig) -> torch.nn.Module:
+    """Variant ``name`` holding random canonical weights (norms and biases too), float64, eval."""
+    model = build(name, config)
+    import_weights(model, random_canonical(config))
+    return model.double().eval()
 
 
 def reference_and(name: str, config: TransformerConfig, seed: int = 0):

@@ -6,10 +6,16 @@
 With a seed, every variant imports the same canonical weights (``common.weights``), so two
 variants built with one seed compute the same function. Besides the registered names, ``build``
 takes an outside class as ``package.module:ClassName`` or by the name a package registers it
-under in the entry-point group ``transformer_variants.variants`` (``variants.outside``).
+under in the entry-point group ``transformer_variants.variants`` (``variants.spec``); only then
+does it load the checker's adapter (``variants.check.outside``).
 
 The registry names the rows once for every user: ``REFERENCE`` (the ``torch`` row),
 ``FROM_SCRATCH`` (every other registered variant) and ``TEACHING`` (the three source styles).
+
+The folder: one package per style (explicit/, einsum/, mathfirst/, fused/), reference
+(``torch.nn.Transformer`` in the shared embeddings), spec (how an outside variant is named:
+``SpecError``, the entry-point group) and check/, ``python -m variants.check SPEC``: anyone's
+implementation against the reference (its own index lists its modules).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from torch import nn
 
 from common.config import TransformerConfig
 from common.weights import import_weights, init_canonical
-from variants.outside import ENTRY_POINT_GROUP, SpecError, build_outside, import_class, registered
+from variants.spec import ENTRY_POINT_GROUP, SpecError, registered
 
 __all__ = ["ENTRY_POINT_GROUP", "FROM_SCRATCH", "REFERENCE", "TEACHING", "VARIANTS", "SpecError", "build",
            "ordered", "variant_argument", "variant_class"]
@@ -48,7 +54,12 @@ def build(name: str, config: TransformerConfig, seed: int | None = None) -> nn.M
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
     cls = variant_class(name)
-    model = cls(config) if name in _MODULES else build_outside(name, cls, config)
+    if name in _MODULES:
+        model = cls(config)
+    else:
+        from variants.check.outside import build_outside  # the checker loads only for an outside class
+
+        model = build_outside(name, cls, config)
     if seed is not None:
         import_weights(model, init_canonical(config, seed))
     return model
@@ -64,6 +75,8 @@ def variant_class(name: str) -> type[nn.Module]:
         raise SpecError(f"unknown variant {name!r}; known variants: {', '.join(VARIANTS)}"
                         + (f"; registered under {ENTRY_POINT_GROUP}: {', '.join(outside)}" if outside else "")
                         + "; or name a class as package.module:ClassName")
+    from variants.check.outside import import_class
+
     return import_class(spec)
 
 

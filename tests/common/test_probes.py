@@ -1,5 +1,6 @@
 """Probe maps: every built-in declares every point, its hooks fire in the order of computation,
-and every pair of built-ins agrees at every point; the finder names the first divergence."""
+and every pair of built-ins agrees at every point. The finder's tests are the checker's
+(tests/variants/check/test_divergence.py)."""
 
 from __future__ import annotations
 
@@ -11,28 +12,12 @@ import pytest
 import torch
 
 from common.batches import random_batch
-from common.probes import (
-    PointDifference,
-    Probe,
-    capture,
-    compare_points,
-    first_divergence,
-    probe_points,
-    resolve_probes,
-)
-from common.weights import import_weights
-from tests.helpers import FLOAT64_TOL, random_canonical, small_config
-from variants import VARIANTS, build
+from common.probes import Probe, capture, probe_points, resolve_probes
+from tests.helpers import FLOAT64_TOL, seeded, small_config
+from variants import VARIANTS
 from variants.explicit.model import Transformer as Explicit
 
 NORMS = pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-
-
-def seeded(name: str, config) -> torch.nn.Module:
-    """Variant ``name`` holding random canonical weights (norms and biases too), float64, eval."""
-    model = build(name, config)
-    import_weights(model, random_canonical(config))
-    return model.double().eval()
 
 
 def test_points_in_order_of_computation():
@@ -99,6 +84,23 @@ def test_capture_turns_the_fast_path_off_and_restores_it_and_its_hooks():
     assert FastPathSpy.fast_path == [False] and torch.backends.mha.get_fastpath_enabled()
 
 
+def test_capture_runs_inside_during_and_names_each_point_as_it_is_captured():
+    """The two hooks the checker's finder watches float32 through (variants.check.divergence)."""
+    config = small_config(n_layers=1)
+    entered, named = [], []
+
+    class During:
+        def __enter__(self):
+            entered.append(torch.is_grad_enabled())
+
+        def __exit__(self, *_):
+            entered.append("exit")
+
+    values = capture(seeded("explicit", config), random_batch(config).inputs(), during=During(),
+                     on_point=named.append)
+    assert entered == [False, "exit"] and named == list(values) == probe_points(config)
+
+
 def test_a_module_used_twice_is_probed_at_the_call_named():
     """The reference's one dropout runs after both embeddings: call 0 is the source's."""
     config = small_config()
@@ -109,61 +111,6 @@ def test_a_module_used_twice_is_probed_at_the_call_named():
     expected = model.src_embed(src) * scale + model.pe[:6]
     torch.testing.assert_close(values["src_embed"], expected, **FLOAT64_TOL)
     assert values["tgt_embed"].shape == (2, 3, config.d_model)
-
-
-class Misprobed(Explicit):
-    """explicit with its feed-forward points sent to the self-attention module."""
-
-    probe_map: ClassVar[dict] = {**Explicit.probe_map,
-                                 "{stack}.layers.{i}.ff": "{stack}.layers.{i}.self_attn"}
-
-
-def test_a_wrong_probe_map_entry_is_found_at_that_point():
-    config = small_config()
-    model = Misprobed(config)
-    model.load_state_dict(seeded("explicit", config).float().state_dict())
-    inputs = random_batch(config).inputs()
-    differences = compare_points(model.double().eval(), seeded("torch", config), inputs)
-    assert first_divergence(differences, 1e-10).startswith("first divergence: encoder.layers.0.ff (max |Δ| ")
-
-
-class Partial(Explicit):
-    """explicit declaring no module for its norms: the finder passes over them."""
-
-    probe_map: ClassVar[dict] = {**Explicit.probe_map, "{stack}.layers.{i}.norm1": None,
-                                 "encoder.layers.{i}.norm2": None, "decoder.layers.{i}.norm2": None,
-                                 "decoder.layers.{i}.norm3": None}
-
-
-def test_points_declared_none_are_passed_over():
-    config = small_config()
-    model = Partial(config)
-    model.load_state_dict(seeded("explicit", config).float().state_dict())
-    inputs = random_batch(config).inputs()
-    differences = compare_points(model.double().eval(), seeded("torch", config), inputs, ("partial", "torch"))
-    notes = {d.point: d.note for d in differences if d.note}
-    assert notes == {point: "not declared by partial" for point in probe_points(config) if ".norm" in point
-                     and ".layers." in point}
-    assert first_divergence(differences, 1e-10).startswith("no divergence: every point agrees to ")
-
-
-def diffs(*values: float | None) -> list[PointDifference]:
-    return [PointDifference(f"p{k}", value) for k, value in enumerate(values)]
-
-
-@pytest.mark.parametrize(("differences", "line"), [
-    (diffs(0.0, 3e-16, 0.41, 0.9),
-     "first divergence: p2 (max |Δ| 0.41); everything before it agrees to 3e-16"),
-    (diffs(0.5, 1e-16, 0.9), "first divergence: p0 (max |Δ| 0.5); nothing comes before it"),
-    (diffs(1e-16, None, math.nan),
-     "first divergence: p2 (max |Δ| nan); everything before it agrees to 1e-16"),
-    (diffs(0.0, 2e-15, None), "no divergence: every point agrees to 2e-15 (tolerance 1e-10)"),
-    ([PointDifference("a", 0.0), PointDifference("b", math.inf, "not computed by x"),
-      PointDifference("c", 1.0)],
-     "first divergence: b (not computed by x); everything before it agrees to 0"),
-], ids=["middle", "first", "nan", "none", "not-computed"])
-def test_first_divergence_names_the_first_point_past_tolerance(differences, line):
-    assert first_divergence(differences, 1e-10) == line
 
 
 class Unmapped(Explicit):

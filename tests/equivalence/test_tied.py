@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from common.batches import Batch, random_batch
 from common.weights import TIED, export_gradients, export_weights, import_weights
 from tests.common.test_tied_weights import TIED_CONFIG, USES
-from tests.helpers import FLOAT64_TOL, random_canonical
+from tests.helpers import FLOAT64_TOL, LOSSES_TOL, random_canonical
 from variants import REFERENCE, build
 
 # what these tests run, by norm_first: tied, dropout 0
@@ -89,10 +89,10 @@ def test_twenty_adam_steps_in_lockstep_with_reference(subject_variant, norm_firs
             optimizer.step()
             steps.append(loss.item())
         losses.append(torch.tensor(steps, dtype=torch.float64))
-    torch.testing.assert_close(losses[1], losses[0], atol=1e-8, rtol=0.0)
+    torch.testing.assert_close(losses[1], losses[0], **LOSSES_TOL)
     after, expected = export_weights(model), export_weights(reference)
     for name in expected:
-        torch.testing.assert_close(after[name], expected[name], atol=1e-8, rtol=0.0, msg=name)
+        torch.testing.assert_close(after[name], expected[name], **LOSSES_TOL, msg=name)
     assert (after[TIED[0]] - start).abs().max() > 0.03  # the matrix moved: real steps
     assert_one_tensor(model, subject_variant)  # still one tensor after the optimiser's steps
     assert all(torch.equal(after[name], after[TIED[0]]) for name in TIED)

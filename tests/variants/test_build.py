@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -30,6 +35,29 @@ def test_unknown_name_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown variant 'nope'") as error:
         build("nope", small_config())
     assert all(name in str(error.value) for name in VARIANTS)
+
+
+CHECKER_LOADED = """
+import sys, variants
+from common.config import TransformerConfig
+config = TransformerConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, src_vocab_size=11, tgt_vocab_size=11)
+variants.build({name!r}, config)
+print(sorted(m for m in sys.modules if m.startswith("variants.check")))
+"""
+
+
+@pytest.mark.parametrize(("name", "loaded"), [
+    ("explicit", False), ("torch", False), ("tests.fixtures.outside.tutorial:Transformer", True),
+], ids=["explicit", "torch", "outside"])
+def test_the_checker_loads_only_for_an_outside_class(name, loaded):
+    """``import variants`` and building a registered variant leave the checker (variants/check/)
+    unloaded; an outside spec loads its adapter. A fresh interpreter: this one has the checker."""
+    done = subprocess.run([sys.executable, "-c", CHECKER_LOADED.format(name=name)], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parents[2], check=True)
+    modules = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert bool(modules) is loaded, modules
+    if loaded:
+        assert "variants.check.outside" in modules and "variants.check.battery" not in modules
 
 
 def test_config_must_be_a_transformer_config():

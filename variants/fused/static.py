@@ -14,7 +14,7 @@ read the values of ids and position only in eager mode, outside ``ids_range_chec
 ``start_static_cache(..., out=cache)`` refills a cache of the same shape in place, so a compiled
 step sees the same buffers, at the same addresses, from one source batch to the next. A CUDA
 graph may write a tensor in place only if it is marked static: whoever compiles the step marks
-``cache.buffers()`` (``torch._dynamo.mark_static_address``), as ``seq2seq.decoding.static`` does.
+``cache.buffers()`` (``torch._dynamo.mark_static_address``), as ``seq2seq.fast.static_search`` does.
 
 The decoder layers run their own ``step``; the one difference is the cache's ``add``, which here
 writes at the position instead of appending.

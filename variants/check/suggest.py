@@ -1,6 +1,6 @@
 """Draft a class's ``weight_map`` and ``probe_map`` from its modules: ``python -m variants.check
 SPEC --suggest-maps`` prints them as Python to paste, and a class that declares neither gets them
-inferred when it is built (``variants.outside``).
+inferred when it is built (``variants.check.outside``).
 
 What is read, and nothing else: module types and shapes (``nn.Embedding``, ``nn.Linear``, a
 LayerNorm: ``nn.LayerNorm`` or a module holding two 1-D tensors of width d_model), registration

@@ -28,9 +28,8 @@ from tabulate import tabulate
 
 from common.cli import Parser, config_or_exit, error_line, positive, seed_int
 from common.config import TransformerConfig
-from common.probes import first_divergence, number, precision_notes
 from variants import REFERENCE, VARIANTS, SpecError, build, variant_argument, variant_class
-from variants.battery import (
+from variants.check.battery import (
     CONFIG,
     MASK_HINT,
     MIN_VOCAB,
@@ -45,8 +44,9 @@ from variants.battery import (
     short,
     still_drops,
 )
-from variants.outside import NORM_MODES, interfaced, protocol
-from variants.suggest import as_python, draft
+from variants.check.divergence import first_divergence, number, precision_notes
+from variants.check.outside import NORM_MODES, interfaced, protocol
+from variants.check.suggest import as_python, draft
 
 NORM_CHOICES = {"post": ("post",), "pre": ("pre",), "both": MODES}
 

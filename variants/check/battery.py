@@ -1,17 +1,18 @@
 """The equivalence battery of ``python -m variants.check``: one implementation against another (the
 reference by default), both holding the same seeded canonical weights, on a small model.
 
-Each check gives a ``Result`` (check, passed, largest difference, tolerance); a failed forward
-check carries its ``Case``, which ``locate`` reruns point by point (``common.probes``) to name
-where the two first part. Every check runs in each norm mode the class supports (``norm_modes``);
-a mode it does not support is one "not supported" row, not a failure. A failed gradient check
-names the first weight, in order of computation, whose gradient really differs (past float32
-rounding where float32 is on the path), zero embedding rows and weights no gradient reaches, and
-``still_drops`` names a module that drops at dropout 0. A failed forward carries a hint where the
-output suggests one (logits, NaN behind a -inf fill, a flat output); the dropout-sites check
-compares where dropout is applied in train mode (``variants.sites``). An error raised inside the
-model is reported with the file and line it came from and, where its text suggests one, a likely
-cause (for masks a decoder reads swapped, found by trying the swap). Nothing here prints.
+Each check gives a ``Result`` (check, passed, largest difference, tolerance; the tolerances in
+``variants.check.tolerances``); a failed forward check carries its ``Case``, which ``locate``
+reruns point by point (``variants.check.divergence``) to name where the two first part. Every
+check runs in each norm mode the class supports (``norm_modes``); a mode it does not support is
+one "not supported" row, not a failure. A failed gradient check names the first weight, in order
+of computation, whose gradient really differs (past float32 rounding where float32 is on the
+path), zero embedding rows and weights no gradient reaches, and ``still_drops`` names a module
+that drops at dropout 0. A failed forward carries a hint where the output suggests one (logits,
+NaN behind a -inf fill, a flat output); the dropout-sites check compares where dropout is
+applied in train mode (``variants.check.sites``). An error raised inside the model is reported
+with the file and line it came from and, where its text suggests one, a likely cause (for masks
+a decoder reads swapped, found by trying the swap). Nothing here prints.
 """
 
 from __future__ import annotations
@@ -36,18 +37,13 @@ from common.batches import Batch, random_batch
 from common.cli import error_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
-from common.probes import (
-    ROUNDING_FACTOR,
-    Float32Watch,
-    PointDifference,
-    Probe,
-    compare_points,
-    number,
-    resolve_probes,
-)
+from common.probes import Probe, resolve_probes
 from common.weights import canonical_shapes, export_gradients, export_weights, import_weights, init_canonical
-from variants import REFERENCE, SpecError, build, sites
-from variants.outside import NORM_MODES, SIGNATURES, absent_weights, own_stage
+from variants import REFERENCE, SpecError, build
+from variants.check import sites
+from variants.check.divergence import ROUNDING_FACTOR, Float32Watch, PointDifference, compare_points, number
+from variants.check.outside import NORM_MODES, SIGNATURES, absent_weights, own_stage
+from variants.check.tolerances import FLOAT32, FLOAT64, LOSSES, Tolerance
 
 # whose output is a fully masked row's expected value (the reference's is NaN there, by design):
 # the first, or the second when the first is the one under check
@@ -63,20 +59,6 @@ MASKED_ROW = 1  # the batch row whose source is padding only
 MODES = tuple(NORM_MODES)  # ("post", "pre"): the order the modes run in
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    """|actual - expected| <= atol + rtol * |expected| at every element."""
-
-    atol: float
-    rtol: float = 0.0
-
-    def __str__(self) -> str:
-        return f"{self.atol:g}" + (f" + {self.rtol:g}·|expected|" if self.rtol else "")
-
-
-FLOAT64 = Tolerance(1e-10)  # DESIGN.md: log-probs and gradients in float64
-FLOAT32 = Tolerance(1e-5, 1.3e-6)  # torch.testing.assert_close's float32 defaults
-LOSSES = Tolerance(1e-8)  # DESIGN.md: optimiser steps in float64
 # the forward checks of each mode: (dtype, batch shapes, tolerance)
 FORWARD_RUNS = ((torch.float64, SHAPES, FLOAT64), (torch.float32, SHAPES[:1], FLOAT32))
 
@@ -258,7 +240,7 @@ def stand_ins(model: nn.Module) -> dict[str, Probe]:
 
 # --- errors raised inside the model ---------------------------------------------------------
 
-_ROOT = Path(__file__).resolve().parents[1]
+_ROOT = Path(__file__).resolve().parents[2]
 _SUITE = tuple(str(_ROOT / package) + os.sep for package in ("common", "variants"))  # not the model's code
 _TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
 EXPECTED_CALLS = ", ".join(f"{stage}({', '.join(names)})" for stage, names in SIGNATURES.items())
@@ -600,7 +582,7 @@ def _record(name: str, outputs: list[tuple[str, Tensor]], _module: nn.Module, _i
 
 def dropout_sites(spec: str, config: TransformerConfig, seed: int) -> Result:
     """Where ``spec`` applies dropout in train mode against the architecture's sites
-    (``variants.sites``): each missing, unexpected or at another probability named."""
+    (``variants.check.sites``): each missing, unexpected or at another probability named."""
     sites_config = config.replace(dropout=sites.P)
     model = build(spec, sites_config, seed=seed).double()
     check = f"dropout sites {mode_of(config)} (train mode, p={sites.P:g})"

@@ -15,16 +15,17 @@ import torch
 
 from benchmarks.run import run
 from common.batches import random_batch
-from common.probes import first_divergence
 from compare import parse_args
 from tests.fixtures.outside import tutorial
 from tests.fixtures.outside.bugs import FIRST_DIVERGENCE
 from variants import FROM_SCRATCH, REFERENCE, build
-from variants.battery import CONFIG, FLOAT64, Case, attempt, bad_inputs, forward, locate, run_battery
-from variants.check import main
+from variants.check.__main__ import main
+from variants.check.battery import CONFIG, Case, attempt, bad_inputs, forward, locate, run_battery
+from variants.check.divergence import first_divergence
+from variants.check.tolerances import FLOAT64
 from variants.explicit.model import Transformer as Explicit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OUTSIDE = "tests.fixtures.outside"
 TUTORIAL = f"{OUTSIDE}.tutorial:Transformer"
 BUGS = {f"{OUTSIDE}.bugs:{cls.__name__}": point for cls, point in FIRST_DIVERGENCE.items()}
@@ -164,7 +165,7 @@ def test_a_check_whose_model_raises_fails_with_the_error_and_where_it_was_raised
     line = next(n for n, text in enumerate(lines, 1) if "return 1 / 0" in text)
     assert (result.passed, result.tolerance, result.bound) == (False, "1e-10", FLOAT64)
     assert result.detail == (f"ZeroDivisionError: division by zero "
-                             f"(at tests/variants/test_checker.py:{line} in divide_by_zero)")
+                             f"(at tests/variants/check/test_checker.py:{line} in divide_by_zero)")
 
 
 def test_the_reference_skips_its_fully_masked_row():

@@ -15,13 +15,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.batches import random_batch
-from common.probes import PointDifference, Probe, first_divergence, precision_notes
+from common.probes import Probe
 from common.weights import Param, canonical_shapes, match_patterns
 from tests.fixtures.outside import blocks, residual, sublayers, tutorial
 from variants import REFERENCE, SpecError, build, variant_class
-from variants.battery import (
+from variants.check.__main__ import main
+from variants.check.battery import (
     CONFIG,
-    FLOAT64,
     Case,
     dropout_sites,
     forward,
@@ -30,9 +30,10 @@ from variants.battery import (
     masked_batch,
     run_battery,
 )
-from variants.check import main
-from variants.outside import interfaced, role_of
-from variants.suggest import as_python, draft, probe_patterns, weight_patterns
+from variants.check.divergence import PointDifference, first_divergence, precision_notes
+from variants.check.outside import interfaced, role_of
+from variants.check.suggest import as_python, draft, probe_patterns, weight_patterns
+from variants.check.tolerances import FLOAT64
 
 FIXTURES = "tests.fixtures.outside"
 SMALL = CONFIG.replace(n_layers=1)

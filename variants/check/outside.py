@@ -14,7 +14,7 @@ which ``interfaced`` puts behind the shared interface, input checks included:
 
 A weight map may send a canonical name to ``None``: a tensor the model does not have (attention
 biases, say). The adapted class holds a zero placeholder parameter for it, so canonical weights
-still import; ``absent_weights`` lists them and the checker treats them (``variants.battery``).
+still import; ``absent_weights`` lists them and the checker treats them (``variants.check.battery``).
 A class that supports one norm mode only says so with ``norm_modes = ("pre",)`` (or
 ``("post",)``), or raises ``NotImplementedError`` from its constructor for the other.
 Before anything is built, ``check_signatures`` refuses stages whose recognisable argument names
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.metadata
 import inspect
 import os
 import re
@@ -40,9 +39,9 @@ from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.probes import resolve_probes
 from common.weights import Param, canonical_shapes, check_weight_map, match_patterns
-from variants.suggest import complete, draft
+from variants.check.suggest import complete, draft
+from variants.spec import SpecError
 
-ENTRY_POINT_GROUP = "transformer_variants.variants"
 STAGES = ("encode", "decode", "project")
 NORM_MODES = {"post": False, "pre": True}  # a class's norm_modes -> TransformerConfig.norm_first
 
@@ -71,15 +70,6 @@ ROLE_WORDS = (
     ("src", re.compile(r"^(src|source|inp)(?!.*mask)", re.I)),
 )
 ABSENT = "absent_placeholders"  # the module holding the zero placeholders of weights mapped to None
-
-
-class SpecError(ValueError):
-    """A variant that cannot be built as named; the message says why, in one line."""
-
-
-def registered() -> dict[str, str]:
-    """name -> ``package.module:ClassName`` for every entry point of ``ENTRY_POINT_GROUP``."""
-    return {point.name: point.value for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def import_class(spec: str) -> type[nn.Module]:
@@ -183,7 +173,7 @@ _INFERRED: dict[tuple[type, TransformerConfig], type] = {}
 
 
 def inferred(spec: str, cls: type[nn.Module], config: TransformerConfig) -> type[nn.Module]:
-    """``cls`` with the weight_map and probe_map ``variants.suggest`` drafts from its modules (a
+    """``cls`` with the weight_map and probe_map ``variants.check.suggest`` drafts from its modules (a
     class that declares neither); SpecError naming what could not be placed."""
     key = (cls, config)
     if key not in _INFERRED:

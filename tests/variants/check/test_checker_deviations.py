@@ -14,12 +14,12 @@ from torch import nn
 
 from common.batches import random_batch
 from common.interface import EncoderDecoder
-from common.probes import first_divergence, precision_notes
 from tests.fixtures.outside import sublayers, tutorial
+from tests.helpers import FLOAT64_TOL
 from variants import REFERENCE, SpecError, build
-from variants.battery import (
+from variants.check.__main__ import main
+from variants.check.battery import (
     CONFIG,
-    FLOAT64,
     Case,
     absent_line,
     forward,
@@ -28,9 +28,10 @@ from variants.battery import (
     run_battery,
     still_drops,
 )
-from variants.check import main
+from variants.check.divergence import first_divergence, precision_notes
+from variants.check.tolerances import FLOAT64
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = "tests.fixtures.outside"
 SMALL = CONFIG.replace(n_layers=1, d_ff=64)  # the component tests' model: one layer per stack
 PRE = SMALL.replace(norm_first=True)
@@ -168,7 +169,7 @@ def test_a_forward_only_subclass_reaches_its_own_encode_and_decode():
     assert isinstance(model, EncoderDecoder) and isinstance(model, sublayers.EncoderDecoder)
     inputs = random_batch(PRE).inputs()
     with torch.no_grad():
-        torch.testing.assert_close(model(*inputs), reference(*inputs), atol=1e-10, rtol=0)
+        torch.testing.assert_close(model(*inputs), reference(*inputs), **FLOAT64_TOL)
         memory = model.encode(inputs[0], inputs[2])  # its own encode, its own decode order
         assert model.decode(memory, inputs[2], inputs[1], inputs[3]).shape == (*inputs[1].shape, PRE.d_model)
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from variants.check import main
+from variants.check.__main__ import main
 from variants.explicit.model import Transformer as Explicit
 
 SPEC = f"{__name__}:Nudged"

@@ -1,0 +1,193 @@
+"""The divergence finder: two implementations compared at every probe point (``common.probes``),
+in order of computation, and the first point where they part named.
+
+The finder separates precision from structure: measured against the reference's own float32
+rounding at each point (the reference run in float32 against itself in float64), a float64
+difference within a few times that is float32 rounding (a float32 table, say), noted but not
+named as the divergence; the first point past it is. ``Float32Watch`` sees whether float32 is
+on the path to a point at all: a float64 run with none cannot round like float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from common.probes import Probe, capture, probe_points, resolve_probes
+
+LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def float32_valued(tensor: Tensor) -> bool:
+    """A float64 tensor whose every value is a float32 number and not all are integers: a table
+    computed in float32 and cast up (a float64 computation almost never lands on float32 values)."""
+    if tensor.dtype != torch.float64 or tensor.numel() == 0:
+        return False
+    return (bool(torch.equal(tensor.float().double(), tensor))
+            and not bool(torch.equal(tensor.round(), tensor)))
+
+
+class Float32Watch(TorchDispatchMode):
+    """Sees every operation of a forward pass and notes whether one so far took or made a tensor
+    of lower precision than float64, or read a buffer holding float32 values: the evidence that
+    a float64 run carries float32 rounding."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.seen = False
+        self.storages = {buffer.untyped_storage().data_ptr() for buffer in model.buffers()
+                         if float32_valued(buffer)}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not self.seen:
+            for item in _leaves((args, kwargs, out)):
+                if isinstance(item, Tensor) and (item.dtype in LOW_PRECISION or (
+                        self.storages and item.untyped_storage().data_ptr() in self.storages)):
+                    self.seen = True
+                    break
+        return out
+
+
+def _leaves(tree) -> list:
+    """The items of nested tuples, lists and dicts."""
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _leaves(item)]
+    if isinstance(tree, dict):
+        return [leaf for item in tree.values() for leaf in _leaves(item)]
+    return [tree]
+
+
+def capture_watched(model: nn.Module, inputs: tuple[Tensor | None, ...],
+                    stand_ins: dict[str, Probe] | None = None) -> tuple[dict[str, Tensor], set[str]]:
+    """``capture``, and the points computed after float32 evidence (``Float32Watch``)."""
+    watch, after = Float32Watch(model), set()
+
+    def note(point: str) -> None:
+        if watch.seen:
+            after.add(point)
+
+    return capture(model, inputs, stand_ins, during=watch, on_point=note), after
+
+
+# A departure within this many times the reference's own float32 rounding at a point (how far the
+# reference computed in float32 lies from itself in float64 there) is precision, not structure.
+ROUNDING_FACTOR = 4.0
+
+
+@dataclass(frozen=True)
+class PointDifference:
+    """How far two implementations are apart at one point."""
+
+    point: str
+    max_abs: float | None  # largest |a - b|; inf where they cannot be compared; None: not compared
+    note: str = ""  # why max_abs is inf or None
+    rounding: float | None = None  # the reference's own float32 rounding here, when measured
+    float32_seen: bool | None = None  # float32 on the path to here (Float32Watch); None: not watched
+
+    def diverges(self, tolerance: float) -> bool:
+        """Past ``tolerance`` and past what float32 rounding explains: a difference of structure."""
+        return self.departs(tolerance) and not self.within_rounding()
+
+    def departs(self, tolerance: float) -> bool:
+        """Past ``tolerance`` at all (NaN too), whatever the cause."""
+        return self.max_abs is not None and not self.max_abs <= tolerance
+
+    def within_rounding(self) -> bool:
+        """Within ``ROUNDING_FACTOR`` times the reference's own float32 rounding at this point,
+        where float32 is on the path to it (a float64 run with no float32 tensor or operation
+        cannot round like float32: a difference there is structure, however small)."""
+        return (self.rounding is not None and self.max_abs is not None and self.float32_seen is not False
+                and self.max_abs <= ROUNDING_FACTOR * self.rounding)
+
+
+def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...],
+                   names: tuple[str, str] = ("a", "b"), b_float32: nn.Module | None = None,
+                   stand_ins: tuple[dict[str, Probe], dict[str, Probe]] = ({}, {}),
+                   ) -> list[PointDifference]:
+    """Run ``a`` and ``b`` on the same ``inputs`` and compare them at every point, in order of
+    computation; ``names`` say which is which in the notes. With ``b_float32`` (``b`` in float32
+    where ``b`` is float64), each point also carries ``b``'s own float32 rounding there, and
+    whether float32 is on either model's path to it. ``stand_ins`` probe, per model, points it
+    declares None because it lacks them (a final norm it does not have) at the nearest output
+    that encloses them; the note says so."""
+    declared = [resolve_probes(model) for model in (a, b)]
+    watched = [capture_watched(model, inputs, extra) for model, extra in zip((a, b), stand_ins, strict=True)]
+    values = [got for got, _ in watched]
+    float32_after = watched[0][1] | watched[1][1]
+    low = capture(b_float32, inputs) if b_float32 is not None else {}
+    differences = []
+    for point in probe_points(a.config):
+        absent = [f"absent in {name}: compared at {extra[point].module or 'its output'}'s output"
+                  for name, extra, got in zip(names, stand_ins, values, strict=True)
+                  if point in extra and point in got]
+        undeclared = [name for name, probes, extra in zip(names, declared, stand_ins, strict=True)
+                      if probes[point] is None and point not in extra]
+        missing = [name for name, got in zip(names, values, strict=True) if point not in got]
+        if undeclared:
+            differences.append(PointDifference(point, None, f"not declared by {' or '.join(undeclared)}"))
+        elif missing:
+            differences.append(PointDifference(point, math.inf, f"not computed by {' or '.join(missing)}"))
+        elif values[0][point].shape != values[1][point].shape:
+            shapes = " vs ".join(str(tuple(got[point].shape)) for got in values)
+            differences.append(PointDifference(point, math.inf, f"shapes differ: {shapes}"))
+        else:
+            delta = (values[0][point].double() - values[1][point].double()).abs().max().item()
+            rounding, seen = None, None
+            if point in low and low[point].shape == values[1][point].shape:
+                rounding = (low[point].double() - values[1][point].double()).abs().max().item()
+                seen = point in float32_after
+            differences.append(PointDifference(point, delta, "; ".join(absent), rounding, seen))
+    return differences
+
+
+def first_divergence(differences: list[PointDifference], tolerance: float) -> str:
+    """One line: the first point past ``tolerance`` and past float32 rounding, and how closely
+    every point before it agrees."""
+    index = next((k for k, d in enumerate(differences) if d.diverges(tolerance)), None)
+    rounded = any(d.departs(tolerance) for d in differences[:index])
+    why = " (float32 rounding)" if rounded else ""
+    if index is None:
+        if rounded:
+            return (f"no divergence past float32 rounding: every point agrees to "
+                    f"{number(_worst(differences))}, within the reference's own float32 rounding")
+        return f"no divergence: every point agrees to {number(_worst(differences))} (tolerance {tolerance:g})"
+    first = differences[index]
+    measured = first.max_abs is not None and not math.isinf(first.max_abs)
+    how = "; ".join(filter(None, (first.note, f"max |Δ| {number(first.max_abs)}" if measured else "")))
+    worst = _worst(differences[:index])
+    if index == 0:
+        before = "nothing comes before it"
+    elif rounded and not worst < (first.max_abs if measured else math.inf):
+        before = f"every point before it is within float32 rounding (up to {number(worst)})"
+    else:
+        before = f"everything before it agrees to {number(worst)}{why}"
+    return f"first divergence: {first.point} ({how}); {before}"
+
+
+def precision_notes(differences: list[PointDifference], tolerance: float) -> list[str]:
+    """The first point past ``tolerance`` but within float32 rounding, before any divergence of
+    structure, as a note (later points inherit it, so only the first is named)."""
+    for difference in differences:
+        if difference.diverges(tolerance):
+            return []
+        if difference.departs(tolerance):
+            example = ("a float32 position table" if difference.point.endswith("_embed")
+                       else "a tensor or an operation kept in float32, which this run has")
+            return [f"{difference.point} differs by {number(difference.max_abs)}: float32 rounding, "
+                    f"e.g. {example}"]
+    return []
+
+
+def number(value: float | None) -> str:
+    """A difference as the finder prints it: 0, 3.1e-16, 0.41, inf; '-' for none."""
+    return "-" if value is None else "0" if value == 0 else f"{value:.2g}"
+
+
+def _worst(differences: list[PointDifference]) -> float:
+    compared = [d.max_abs for d in differences if d.max_abs is not None]
+    return max(compared, default=0.0)
