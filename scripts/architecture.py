@@ -6,7 +6,7 @@ The boxes are Figure 1's (embeddings, positional encodings, the encoder's and th
 layers, the generator), plus the final LayerNorm that ends each stack in the one architecture.
 Each box names the concept of the README's concept map it draws and links, for explicit, einsum
 and mathfirst, the line of the first symbol that row names for that style (read from the live
-source, as ``scripts.side_by_side`` reads it). Open the SVG itself (not through an ``<img>``) to
+source, as ``scripts.concept_map`` reads it). Open the SVG itself (not through an ``<img>``) to
 follow the links. The picture is written by code, not drawn by hand, so a test can regenerate it
 and find it stale when a symbol moves.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import Parser, first_line
-from scripts.side_by_side import ROOT, STYLES, Concept, concepts, plain
+from scripts.concept_map import ROOT, STYLES, Concept, concepts, plain
 
 PICTURE = Path("docs/images/architecture.svg")
 COMMAND = "python -m scripts.architecture"

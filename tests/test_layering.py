@@ -304,3 +304,91 @@ def test_a_private_use_inside_its_own_package_is_allowed(tmp_path):
     paths = sorted(tmp_path.rglob("*.py"))
     definitions = private_definitions(paths, tmp_path)
     assert [problem for path in paths for problem in private_crossings(path, definitions, tmp_path)] == []
+
+
+# --- fences: what only some modules may import --------------------------------------------------
+
+
+def is_program(path: Path) -> bool:
+    """A command: a ``__main__.py``, or a module that runs itself (``if __name__ == "__main__":``)."""
+    if path.name == "__main__.py":
+        return True
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        test = ast.unparse(node.test) if isinstance(node, ast.If) else ""
+        if "__name__" in test and "__main__" in test:
+            return True
+    return False
+
+
+def top_level_imports(path: Path) -> set[int]:
+    """The line numbers of the import statements at a module's top level (not inside a function)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.lineno for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)}
+
+
+def fence_violations(path: Path, programs: set[str], root: Path = ROOT) -> list[str]:
+    """Every import in ``path`` that crosses a fence, as 'file:line imports x (why)':
+
+    - a program (a command) is a leaf: no module imports one (tests aside, which run them);
+    - the checker (``variants.check``) is loaded only when asked for: nothing outside it imports
+      it, but the registry (``variants/__init__.py``), and that only inside a function;
+    - the teaching decoders (``seq2seq.decoding``) never import the fast path (``seq2seq.fast``).
+    """
+    where = path.relative_to(root)
+    name = module_name(path, root)
+    top = top_level_imports(path)
+    problems = []
+    for line, names in project_imports(path):
+        for target in names:
+            if target in programs and target != name:
+                problems.append(f"{where}:{line} imports {target} (a program is a leaf)")
+            elif (target == "variants.check" or target.startswith("variants.check.")) \
+                    and not name.startswith("variants.check"):
+                if name != "variants" or line in top:
+                    problems.append(f"{where}:{line} imports {target} (the checker loads only when "
+                                    "asked for)")
+            elif target.startswith("seq2seq.fast") and name.startswith("seq2seq.decoding"):
+                problems.append(f"{where}:{line} imports {target} (the teaching decoders stay off the "
+                                "fast path)")
+            else:
+                continue
+            break
+    return problems
+
+
+# Not commands: a library module's entry for the child interpreters it starts itself.
+WORKERS = {"benchmarks.processes"}  # run_processes starts `python -m benchmarks.processes`
+
+
+def programs_of(paths: list[Path], root: Path) -> set[str]:
+    """The dotted names of the commands among ``paths``."""
+    return {module_name(path, root) for path in paths if is_program(path)} - WORKERS
+
+
+@pytest.mark.parametrize("path", project_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_fences_hold(path):
+    assert fence_violations(path, programs_of(project_modules(), ROOT)) == []
+
+
+@pytest.mark.parametrize(("where", "source", "complaint"), [
+    ("benchmarks/run.py", "from benchmarks.gemm_paths import main", "a program is a leaf"),
+    ("seq2seq/translation.py", "from variants.check.battery import run_battery", "the checker loads"),
+    ("variants/__init__.py", "from variants.check.outside import build_outside", "the checker loads"),
+    ("seq2seq/decoding/greedy.py", "from seq2seq.fast.onednn import with_onednn_linears",
+     "off the fast path"),
+])
+def test_a_fence_crossing_is_caught(tmp_path, where, source, complaint):
+    """The check itself: a planted crossing in a throwaway tree is reported, and the registry's
+    import of the checker inside a function is not."""
+    program = tmp_path / "benchmarks" / "gemm_paths.py"
+    program.parent.mkdir(parents=True)
+    program.write_text('def main(): pass\nif __name__ == "__main__":\n    main()\n', encoding="utf-8")
+    module = tmp_path / where
+    module.parent.mkdir(parents=True, exist_ok=True)
+    module.write_text(source + "\n", encoding="utf-8")
+    programs = programs_of([program, module], tmp_path)
+    problems = fence_violations(module, programs, tmp_path)
+    assert len(problems) == 1 and complaint in problems[0], problems
+    module.write_text("def build():\n    " + source + "\n", encoding="utf-8")
+    if where == "variants/__init__.py":
+        assert fence_violations(module, programs, tmp_path) == []
