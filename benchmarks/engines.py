@@ -1,7 +1,7 @@
 """Decode rows for the deployment engines, ONNX Runtime and CTranslate2 (float32 and int8), and
-for plain PyTorch's fast path beside them (``seq2seq.decoding.static``, float32 only): "inductor",
+for plain PyTorch's fast path beside them (``seq2seq.fast.static_search``, float32 only): "inductor",
 fused's static step compiled with inductor freezing; "onednn", the same step eager with its
-linears on oneDNN (``seq2seq.decoding.onednn``). Both take greedy's argmax over the logits.
+linears on oneDNN (``seq2seq.fast.onednn``). Both take greedy's argmax over the logits.
 
     rows = engine_rows(model, batch, max_len=65, directory=tmp, threads=2)
     for row in rows:                      # "onnxruntime float32", ..., "ctranslate2 int8"
@@ -34,7 +34,7 @@ from benchmarks.workload import BOS_ID, eos_id
 from common.batches import Batch
 from common.weights import transfer
 from seq2seq.decoding.beam import ALPHA, BEAM_SIZE
-from seq2seq.decoding.static import StaticBeam, StaticGreedy
+from seq2seq.fast.static_search import StaticBeam, StaticGreedy
 from variants import build, variant_argument
 
 if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for

@@ -81,9 +81,9 @@ def ids_range_checked() -> Iterator[None]:
     """Skip the id range check (its one host sync per call) inside this block.
 
     For a caller that runs the same ids many times and has checked them once, outside the
-    block, by a checked call: ``benchmarks/bench_speed.py``'s timed CUDA steps, and
-    ``benchmarks/bench_range_check.py``, which times a step both ways; and a loop whose ids are
-    in range by construction (``seq2seq.decoding.static``: argmax ids, its own positions). On CUDA
+    block, by a checked call: ``benchmarks/timings/bench_speed.py``'s timed CUDA steps, and
+    ``benchmarks/timings/bench_range_check.py``, which times a step both ways; and a loop whose ids are
+    in range by construction (``seq2seq.fast.static_search``: argmax ids, its own positions). On CUDA
     the sync would otherwise make small timed steps measure the launch queue. Every other check
     (kind, dtype, shape, device, length) still runs; an id out of range inside the block meets the
     embedding's own error (on CUDA a device-side assert, which poisons the context).

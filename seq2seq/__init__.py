@@ -4,8 +4,13 @@ deployment, with the commands users type at the top.
     data/         ids (PAD/BOS/EOS), tasks (copy/reverse), corpus (Tatoeba pairs), subwords
                   (the joint vocabulary), batches (the seeded stream of token batches)
     training/     recipe (schedule, Adam, smoothed loss), trainer (exact resume), distributed
-                  (DDP), checkpoint (checkpoints and model files), averaging (paper section 6.1)
-    decoding/     greedy, beam (the paper's beam search), static (a fixed-shape cached decode)
+                  (DDP), checkpoint (checkpoints and model files), averaging (paper section 6.1),
+                  run (a run driven to its end: fresh or resumed, progress bar, checkpoints)
+    decoding/     the teaching decoders: strategy (what every search shares: the next-token
+                  step, eval mode, argument checks), greedy, beam (the paper's beam search)
+    fast/         the fast decoding path: static_search (greedy and beam over a fixed-shape
+                  cache, for torch.compile and CUDA graphs), onednn (packed oneDNN linears);
+                  it uses private torch APIs, and decoding/ never imports it
     evaluation    held-out accuracy of the synthetic tasks; corpus BLEU and chrF
     translation   the translation pipeline: settings and presets, a run in minutes or steps,
                   translate and evaluate text

@@ -1,7 +1,11 @@
-"""How a trained model writes: greedy decoding, the paper's beam search, and greedy decoding
-over a fixed-shape cache that a compiled step can replay.
+"""How a trained model writes: greedy decoding and the paper's beam search, the teaching
+decoders, readable beside the paper. The fast path built on them (a fixed-shape static cache for
+torch.compile and CUDA graphs, oneDNN linears) is ``seq2seq.fast``; nothing here imports it.
 
-    greedy  greedy_decode, and NextToken, the cached next-token step beam search shares
-    beam    beam search as the paper runs it (beam 4, length penalty 0.6)
-    static  static_greedy_decode over a variant's static cache (fused), for torch.compile
+    strategy  what every search shares (OpenNMT-py's decode_strategy idea): NextToken, the cached
+              next-token step; eval_mode; the argument checks (check_arguments,
+              check_beam_arguments, check_source, check_no_empty_source)
+    greedy    greedy_decode
+    beam      beam_search as the paper runs it (beam 4, length penalty 0.6), and search, the loop
+              the fast path's static beam reuses
 """

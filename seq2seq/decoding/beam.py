@@ -18,7 +18,7 @@ With ``beam_size=1`` this is greedy decoding: the one extension kept is the most
 and EOS ends the search. With ``max_len=1`` no id fits after BOS: the result is BOS alone, the
 empty hypothesis, scored log 1 / lp(0) = 0, as greedy decoding returns BOS alone.
 
-Batched over B sources x k beams, as B·k rows: the cache (``seq2seq.decoding.greedy.NextToken``) is
+Batched over B sources x k beams, as B·k rows: the cache (``seq2seq.decoding.strategy.NextToken``) is
 expanded to B·k rows once, then after every step reordered by each surviving hypothesis's
 origin row (``index_select``); no Python loop runs over rows or beams.
 
@@ -34,9 +34,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from common.checks import check_int, check_number
 from common.config import TransformerConfig
-from seq2seq.decoding.greedy import NextToken, check_arguments, check_no_empty_source, eval_mode
+from seq2seq.decoding.strategy import NextToken, check_beam_arguments, eval_mode
 
 BEAM_SIZE = 4  # section 6.1
 ALPHA = 0.6  # section 6.1
@@ -88,20 +87,6 @@ def beam_search(
                       eos_id=eos_id, pad_id=config.pad_id, beam_size=beam_size, alpha=alpha)
 
 
-def check_beam_arguments(model: object, src: object, src_mask: object, max_len: object, bos_id: object,
-                         eos_id: object, use_cache: object, beam_size: object, alpha: object, *,
-                         max_len_may_be_none: bool = True) -> TransformerConfig:
-    """``beam_search``'s arguments, before any tensor work: greedy decoding's checks, a beam of at
-    least one, a non-negative alpha and no padding-only source. A static cache needs its
-    ``max_len`` (``max_len_may_be_none=False``)."""
-    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache,
-                             max_len_may_be_none=max_len_may_be_none)
-    check_int("beam_size", beam_size, low=1)
-    check_number("alpha", alpha, low_closed=True)  # a negative alpha would favour short output
-    check_no_empty_source(src, src_mask)
-    return config
-
-
 def generated_limit(config: TransformerConfig, src: Tensor, max_len: int | None) -> Tensor:
     """(B,) the most ids each row may generate after BOS: ``max_len - 1``, or with None, the
     source's real (non-padding) ids + 50, within ``max_seq_len`` positions."""
@@ -114,7 +99,7 @@ def search(next_token_logp: NextToken, limit: Tensor, dtype: torch.dtype, *, bos
            pad_id: int, beam_size: int, alpha: float) -> Hypotheses:
     """The search itself, on any next-token step over B·k rows (B sources, k beams each, row
     i·k + j the j-th beam of source i) with a ``reorder``: ``NextToken``, or the static step of
-    ``seq2seq.decoding.static``. ``limit`` (B,) caps each source's generated ids; scores add up
+    ``seq2seq.fast.static_search``. ``limit`` (B,) caps each source's generated ids; scores add up
     in ``dtype``."""
     batch, k, device = limit.shape[0], beam_size, limit.device
     reachable_lp = length_penalty(limit.to(dtype), alpha)  # (B,) lp at each row's length limit

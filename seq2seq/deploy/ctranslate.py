@@ -15,7 +15,7 @@ defaults differ from the suite's function:
   post-norm: ``no_final_norm`` only removes it, ``pre_post_layer_norm`` adds a norm to every
   layer), but the runtime applies a ``layer_norm`` it finds in the model in both modes, so it is
   set on the frozen spec. That is CTranslate2's behaviour, not its promise: pyproject.toml bounds
-  it below 5, and tests/seq2seq/test_engines.py fails loudly if a release declares the field or
+  it below 5, and tests/seq2seq/deploy/test_engines.py fails loudly if a release declares the field or
   stops taking it;
 - ``layer_norm_epsilon`` = config.norm_eps (the runtime's own default is 1e-5);
 - the decoder's start token (``decoder_start_token``, ``"<s>"`` by default) = BOS;
@@ -52,7 +52,7 @@ from common.config import TransformerConfig
 from common.positions import sinusoid_table
 from common.weights import export_weights
 from seq2seq.decoding.beam import Hypotheses
-from seq2seq.decoding.greedy import check_arguments
+from seq2seq.decoding.strategy import check_arguments
 from seq2seq.deploy.export_config import check_source_ids, load_config, real_lengths, save_config
 
 COMPUTE_TYPES = ("float32", "int8")  # the precisions the decode rows run: the weights' own, and int8

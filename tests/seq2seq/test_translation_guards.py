@@ -1,7 +1,8 @@
-"""Bad input to the translation surfaces is refused in one line before any work, nothing is
-overwritten without asking, and the behaviours the headline numbers rest on (multi-reference
-BLEU, translations in input order, user input normalised as the corpus was) hold, each checked
-against an independent computation."""
+"""Bad input to the translation library is refused in one line before any work, and the behaviours
+the headline numbers rest on (multi-reference BLEU, translations in input order, user input
+normalised as the corpus was) hold, each checked against an independent computation. What the
+training command refuses of a translation run (nothing overwritten without asking) is in
+commands/test_train.py."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.weights import export_weights
-from seq2seq import average, train, translate, translation
+from seq2seq import average, translate, translation
 from seq2seq.data.batches import EncodedPairs, within
 from seq2seq.data.corpus import CorpusSettings, Example, load_corpus, read_pairs
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
@@ -28,17 +29,11 @@ from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import corpus_scores
 from seq2seq.training.averaging import average_files
-from seq2seq.training.checkpoint import ModelFile, load, load_checkpoint, save
+from seq2seq.training.checkpoint import ModelFile, load, save
 from seq2seq.training.recipe import StepReport
-from seq2seq.training.run import checkpoint_path, list_checkpoints, progress_bar
+from seq2seq.training.run import checkpoint_path, progress_bar
 from seq2seq.translation import TranslationModel, training_sentences
-from tests.seq2seq.conftest import write_export
-from tests.seq2seq.test_translation_cli import TINY_MODEL, one_line_error
 from variants import build
-
-SMALL_TASK = ["--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "16", "--batch", "8",
-              "--threads", "1", "--eval-size", "8"]
-
 
 # --- the corpus file --------------------------------------------------------------------------
 
@@ -212,11 +207,6 @@ def test_a_blank_sentence_gives_a_blank_line_in_its_place(echo, monkeypatch, cap
     assert capsys.readouterr().out == "Run!\n\nthe cat sees the house.\n"
 
 
-def test_sentences_may_follow_the_options():
-    args = translate.parse_args(["model.pt", "--beam", "1", "Stop!", "Wait!"])
-    assert args.beam == 1 and args.sentences == ["Stop!", "Wait!"]
-
-
 @pytest.mark.parametrize("batch_size", [0, -1])
 def test_a_batch_size_below_one_is_refused(echo, batch_size):
     model, vocabulary = echo
@@ -270,112 +260,7 @@ def test_a_padding_only_source_row_is_refused_before_decoding(copy_model, varian
     assert kept.shape[0] == 2  # the other rows decode
 
 
-# --- the training command ---------------------------------------------------------------------
-
-
-def test_a_vocabulary_the_corpus_cannot_fill_is_one_line(sample_corpus, capsys):
-    err = one_line_error(capsys, lambda: train.main(
-        ["--task", "translate", "--data", str(sample_corpus.path), "--vocab", "4000", "--steps", "1"]),
-        code=1)
-    assert "cannot train a bpe vocabulary of 4000 pieces" in err and "--vocab" in err
-
-
-@pytest.mark.parametrize(("argv", "said"), [
-    (["--task", "translate", "--data", "{corpus}", "--max-len", "5"], "--max-len is for the synthetic tasks"),
-    (["--task", "translate", "--data", "{corpus}", "--batch", "5"], "--batch is for the synthetic tasks"),
-    (["--task", "translate", "--data", "{corpus}", "--eval-size", "5"], "--eval-size is for the synthetic"),
-    (["--task", "reverse", "--batch-tokens", "100"], "--batch-tokens is for --task translate"),
-    (["--task", "copy", "--preset", "gpu"], "--preset is for --task translate"),
-    (["--task", "copy", "--minutes", "1"], "--minutes is for --task translate"),
-    (["--keep-checkpoints", "-1"], "--keep-checkpoints must be at least 0"),
-    (["--overwrite"], "need --checkpoint-dir"),
-])
-def test_an_option_the_task_does_not_read_is_refused(sample_corpus, capsys, argv, said):
-    argv = [arg.format(corpus=sample_corpus.path) for arg in argv]
-    err = one_line_error(capsys, lambda: train.parse_args(argv))
-    assert said in err, err
-
-
-def test_a_fresh_run_refuses_a_directory_of_another_runs_checkpoints(tmp_path, capsys):
-    directory = tmp_path / "run"
-    directory.mkdir()
-    earlier = checkpoint_path(directory, 7)
-    earlier.write_bytes(b"another run's checkpoint")
-    for task in (["--task", "translate", "--data", str(earlier)], []):
-        argv = [*task, "--checkpoint-dir", str(directory)]
-        err = one_line_error(capsys, lambda argv=argv: train.parse_args(argv))
-        assert "holds 1 checkpoints of an earlier run (newest step-00000007.pt)" in err
-        assert "--overwrite" in err
-    assert earlier.read_bytes() == b"another run's checkpoint"
-    err = one_line_error(capsys, lambda: train.parse_args(
-        ["--checkpoint-dir", str(directory), "--resume", "--overwrite"]))
-    assert "give one of them" in err
-    train.main(["--steps", "2", *SMALL_TASK, "--checkpoint-dir", str(directory), "--overwrite"])
-    assert [path.name for path in list_checkpoints(directory)] == ["step-00000002.pt"]
-    assert load_checkpoint(checkpoint_path(directory, 2)).step == 2
-
-
-def long_pairs_export(sample_corpus, path):
-    """The sample corpus with every French sentence repeated to more than 256 words: each pair
-    longer than the preset's max_seq_len of 256 positions (a word is one piece at least)."""
-    pairs = [(english, " ".join([french] * (256 // len(french.split()) + 1)))
-             for english, french in sample_corpus.pairs]
-    return write_export(path, pairs)
-
-
-@pytest.mark.parametrize(("problem", "said"), [
-    ("a bad corpus line", "line 3: expected 2 or 3 tab-separated columns"),
-    ("a vocabulary the corpus cannot fill", "cannot train a bpe vocabulary of 4000 pieces"),
-    ("every pair too long", "longer than max_seq_len=256"),
-])
-def test_overwrite_deletes_nothing_when_the_run_cannot_start(sample_corpus, tmp_path, capsys, problem, said):
-    """``--overwrite`` deletes the earlier run's checkpoints only once the corpus, the vocabulary
-    and the settings are known good, just before the first checkpoint is written."""
-    directory = tmp_path / "run"
-    directory.mkdir()
-    for step in (3, 4):
-        checkpoint_path(directory, step).write_bytes(f"the earlier run's step {step}".encode())
-    before = {path.name: path.read_bytes() for path in directory.iterdir()}
-    corpus, vocab = sample_corpus.path, "120"
-    if problem == "a bad corpus line":
-        corpus = tmp_path / "fra.txt"
-        lines = sample_corpus.path.read_text(encoding="utf-8").splitlines()
-        corpus.write_text("\n".join([*lines[:2], "one column only", *lines[2:]]) + "\n", encoding="utf-8")
-    elif problem == "a vocabulary the corpus cannot fill":
-        vocab = "4000"
-    else:
-        corpus = long_pairs_export(sample_corpus, tmp_path / "fra.txt")
-    err = one_line_error(capsys, lambda: train.main(
-        ["--task", "translate", "--data", str(corpus), *TINY_MODEL, "--vocab", vocab, "--steps", "1",
-         "--checkpoint-dir", str(directory), "--overwrite"]), code=1)
-    assert said in err, err
-    assert {path.name: path.read_bytes() for path in directory.iterdir()} == before
-
-
-def test_a_corpus_whose_every_pair_is_too_long_is_named(sample_corpus, tmp_path, capsys):
-    corpus = long_pairs_export(sample_corpus, tmp_path / "fra.txt")
-    train_pairs = len(load_corpus(CorpusSettings(str(corpus))).pairs("train"))
-    err = one_line_error(capsys, lambda: train.main(
-        ["--task", "translate", "--data", str(corpus), *TINY_MODEL, "--steps", "1"]), code=1)
-    assert f"all {train_pairs} train pairs are longer than max_seq_len=256" in err, err
-
-
-def test_a_translation_run_refuses_to_resume_from_a_task_runs_checkpoint(sample_corpus, tmp_path, capsys):
-    """Its model's ids mean the checkpoint's subword pieces: a checkpoint without them is refused."""
-    train.main(["--steps", "1", *SMALL_TASK, "--checkpoint-dir", str(tmp_path)])
-    capsys.readouterr()
-    err = one_line_error(capsys, lambda: train.main(
-        ["--task", "translate", "--data", str(sample_corpus.path), *TINY_MODEL, "--steps", "2",
-         "--checkpoint-dir", str(tmp_path), "--resume"]), code=1)
-    assert "cannot resume from " in err and "step-00000001.pt: it holds no subword vocabulary" in err, err
-
-
-@pytest.mark.parametrize(("keep", "left"), [(2, [5, 6]), (None, [2, 3, 4, 5, 6]), (0, [1, 2, 3, 4, 5, 6])])
-def test_only_the_newest_checkpoints_are_kept(tmp_path, capsys, keep, left):
-    keep_option = [] if keep is None else ["--keep-checkpoints", str(keep)]
-    train.main(["--steps", "6", *SMALL_TASK, "--checkpoint-dir", str(tmp_path), "--save-every", "1",
-                *keep_option])
-    assert list_checkpoints(tmp_path) == [checkpoint_path(tmp_path, step) for step in left]
+# --- the progress bar -------------------------------------------------------------------------
 
 
 def test_the_bar_shows_training_time_against_the_budget_and_wall_time_apart(capsys):
@@ -383,18 +268,6 @@ def test_the_bar_shows_training_time_against_the_budget_and_wall_time_apart(caps
         show(StepReport(step=1, steps=100, loss=2.0, lr=1e-3, tokens=100, seconds=754.0))
     err = capsys.readouterr().err
     assert "training 12:34 of 30 min" in err and "wall 00:0" in err, err
-
-
-def test_a_translation_longer_than_the_model_is_left_out_of_training(sample_corpus, tmp_path, capsys):
-    long_french = "la maison " * 150  # 300 words: more pieces than the preset's 256 positions
-    path = tmp_path / "fra.txt"
-    text = sample_corpus.path.read_text(encoding="utf-8")
-    path.write_text(text + "".join(f"The cat sees the house {n}.\t{long_french}\n" for n in range(8)),
-                    encoding="utf-8")
-    train.main(["--task", "translate", "--data", str(path), *TINY_MODEL, "--steps", "1", "--eval-every", "1"])
-    captured = capsys.readouterr()
-    assert re.search(r"^\d+ train or valid pairs longer than max_seq_len 256 left out", captured.err, re.M)
-    assert captured.out.startswith("final loss ")
 
 
 # --- averaging ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 
 from seq2seq.data.corpus import SPLITS, CorpusSettings, load_corpus, read_pairs
 
-EXPORT = Path(__file__).resolve().parents[3] / "shared" / "data" / "tatoeba-eng-fra" / "fra-eng.zip"
+EXPORT = Path(__file__).resolve().parents[4] / "shared" / "data" / "tatoeba-eng-fra" / "fra-eng.zip"
 PAIRS, DISTINCT_ENGLISH = 167_130, 116_830  # what the export's README states
 
 

@@ -1,5 +1,5 @@
 """The decoder's linears on oneDNN's float32 matrix product, with weights packed once: a lever of
-the fast decoding path (``seq2seq.decoding.static``), CPU float32 only.
+the fast decoding path (``seq2seq.fast.static_search``), CPU float32 only.
 
     fast = with_onednn_linears(model.eval())   # a copy; ``model`` is left as it is
     StaticGreedy(fast, max_len=65, bos_id=1, eos_id=2)(src, src_mask)

@@ -15,7 +15,7 @@ from common.batches import random_batch
 from seq2seq.training.distributed import SINGLE, World, replicate
 from seq2seq.training.trainer import seed_dropout
 from tests.helpers import small_config
-from tests.seq2seq.test_distributed import run_group
+from tests.seq2seq.training.test_distributed import run_group
 from variants import build
 
 CONFIG = small_config(d_model=16, n_heads=2, n_layers=1, d_ff=16, dropout=0.5)

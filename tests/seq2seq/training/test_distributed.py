@@ -40,7 +40,7 @@ from seq2seq.training.trainer import Trainer, seed_dropout, train
 from tests.helpers import small_config
 from variants import VARIANTS, build
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # A large rate from the start, so five steps move the weights far. Adam's eps is 1e-6, not the
 # paper's 1e-9: the key projections' biases have an exact gradient of zero (softmax ignores a
 # constant added to a row of scores), so theirs is rounding noise (~1e-17), and Adam divides it

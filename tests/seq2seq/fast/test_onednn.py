@@ -12,8 +12,8 @@ from common.masks import padding_mask
 from seq2seq.data import tasks
 from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.decoding.onednn import OneDnnLinear, with_onednn_linears
-from seq2seq.decoding.static import StaticBeam, StaticGreedy
+from seq2seq.fast.onednn import OneDnnLinear, with_onednn_linears
+from seq2seq.fast.static_search import StaticBeam, StaticGreedy
 from tests.helpers import small_config
 from variants import build
 

@@ -20,7 +20,6 @@ from seq2seq.training.recipe import Recipe
 from seq2seq.training.run import RunSettings, checkpoint_path, latest_checkpoint, list_checkpoints
 from seq2seq.training.trainer import Trainer
 from tests.helpers import small_config
-from tests.seq2seq.test_translation_cli import one_line_error
 from variants import build
 
 CONFIG = small_config(dropout=0.1)  # dropout on: a resume must restore the RNG to be exact
@@ -204,24 +203,6 @@ def test_checkpoint_of_another_number_of_processes_is_refused(tmp_path):
         fresh().restore(two, "explicit")
 
 
-@pytest.mark.parametrize("reason", ["corrupt", "mismatch", "done"])
-def test_cli_refuses_to_resume_and_touches_nothing(reason, tmp_path, capsys, monkeypatch):
-    run_cli(train_cli, cli_options(tmp_path, "--steps", "2"), capsys, monkeypatch)
-    extra = ["--d-ff", "24"] if reason == "mismatch" else []
-    if reason == "corrupt":
-        DAMAGES["truncated"](checkpoint_path(tmp_path, 2), None)
-    before = files(tmp_path)
-    with pytest.raises(SystemExit) as exit_info:
-        steps = "2" if reason == "done" else "4"  # "done": the run is at its --steps already
-        train_cli.main(cli_options(tmp_path, "--steps", steps, "--resume", *extra))
-    message = str(exit_info.value.code)
-    assert message.startswith("python -m seq2seq.train: error: cannot resume from ")
-    named = {"corrupt": "truncated or corrupt", "mismatch": "config.d_ff: checkpoint 16, this run 24",
-             "done": "it is at step 2; ask for more --steps to continue"}[reason]
-    assert named in message
-    assert files(tmp_path) == before
-
-
 def test_a_crash_mid_write_leaves_the_previous_file(tmp_path, monkeypatch):
     """The file is written beside its final name and renamed into place only when complete."""
     first, second = saved_run(tmp_path, steps=(1, 2))
@@ -267,18 +248,6 @@ def test_run_settings_refuse_to_resume_and_overwrite_at_once(tmp_path):
     """The checkpoints one continues, the other deletes: refused when the settings are made."""
     with pytest.raises(ValueError, match=r"RunSettings\.resume .* RunSettings\.overwrite"):
         RunSettings("explicit", steps=3, checkpoint_dir=tmp_path, resume=True, overwrite=True)
-
-
-def test_resume_from_a_missing_or_empty_folder_is_refused_and_creates_nothing(tmp_path, capsys):
-    missing = tmp_path / "typo" / "run"
-    err = one_line_error(capsys, lambda: train_cli.main(cli_options(missing, "--steps", "2", "--resume")))
-    assert f"--checkpoint-dir {missing}: no such directory" in err and "--resume" in err, err
-    assert not (tmp_path / "typo").exists()
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    err = one_line_error(capsys, lambda: train_cli.main(cli_options(empty, "--steps", "2", "--resume")))
-    assert f"--checkpoint-dir {empty} holds no checkpoint (step-*.pt)" in err, err
-    assert list(empty.iterdir()) == []
 
 
 # --- averaging -----------------------------------------------------------------------------
@@ -347,22 +316,3 @@ def test_average_then_decode_commands(tmp_path, capsys, monkeypatch):
         average.main(["--checkpoint-dir", str(tmp_path), "--last", "9", "--output", str(output)])
 
 
-@pytest.mark.parametrize("name", [
-    "step-00000001.pt",  # older than the run's checkpoints
-    "step-00000002.pt",  # an older one of them
-    "step-00000003.pt",  # the newest
-    "step-00000009.pt",  # newer than the newest
-    "step-4.pt",  # the pattern's digits, unpadded
-    "elsewhere/step-00000005.pt",  # another folder: a run may write there too
-])
-def test_average_refuses_to_write_a_training_checkpoints_name(name, tmp_path, capsys):
-    """A model file under a checkpoint's name would be the newest (or an) checkpoint a later
-    --resume reads, and it holds no optimiser state: refused before anything is read or made."""
-    directory = tmp_path / "run"
-    saved_run(directory, steps=(2, 3))
-    before = files(tmp_path)
-    output = directory / name
-    err = one_line_error(capsys, lambda: average.main(
-        ["--checkpoint-dir", str(directory), "--last", "2", "--output", str(output)]))
-    assert f"--output {output}: " in err and "training checkpoint" in err, err
-    assert files(tmp_path) == before and not (directory / "elsewhere").exists()

@@ -22,8 +22,15 @@ again instead of compiling anew.
 ``freezing`` inductor's freezing on top: the weights become constants of the compiled graph, on
 CPU packed for the step's matrix products (the cache is then not marked as of static address,
 which freezing would fold in too). ``onednn`` (CPU float32) decodes on a copy whose decoder and
-generator linears run oneDNN's product on weights packed once (``seq2seq.decoding.onednn``):
+generator linears run oneDNN's product on weights packed once (``seq2seq.fast.onednn``):
 build a new decoder after changing the model's weights.
+
+A decoder checks its settings once, when built (the model, ``max_len``, the special ids, the
+beam, the compile options: ``check_arguments``, ``check_beam_arguments``), and at each call only
+what the call brings, the source and its mask (``check_source``). Each call decodes in eval mode,
+as ``greedy_decode`` and ``beam_search`` do: the model it steps (the packed copy, with
+``onednn``) is switched to eval for the call, without dropout, and each of its modules is given
+its own mode back afterwards, after an exception too (``eval_mode``).
 
 Shape legend:
     B  batch (beam search: sources x beams)   S  source length
@@ -39,9 +46,9 @@ from torch import Tensor, nn
 
 from common.cache import batch_first
 from common.checks import ids_range_checked
-from seq2seq.decoding.beam import ALPHA, BEAM_SIZE, Hypotheses, check_beam_arguments, search
-from seq2seq.decoding.greedy import check_arguments, check_no_empty_source
-from seq2seq.decoding.onednn import with_onednn_linears
+from seq2seq.decoding.beam import ALPHA, BEAM_SIZE, Hypotheses, search
+from seq2seq.decoding.strategy import check_arguments, check_beam_arguments, check_source, eval_mode
+from seq2seq.fast.onednn import with_onednn_linears
 
 STATIC_METHODS = ("start_static_cache", "static_step")
 
@@ -59,7 +66,7 @@ def compiled(step: Callable, mode: str | None, freezing: bool) -> Callable:
 class StaticNextToken:
     """``NextToken``'s static-shape twin over (B, L) prefixes, one ``static_step`` per call,
     compiled with ``compile_mode`` (and ``freezing``) unless the mode is None, its linears on
-    oneDNN with ``onednn`` (``seq2seq.decoding.onednn``): called, the (B, V)
+    oneDNN with ``onednn`` (``seq2seq.fast.onednn``): called, the (B, V)
     log-probabilities of the next token; ``next_ids``, its (B,) most likely ids. With
     ``reorders`` (beam search), ``reorder(origin)`` moves the cache's rows inside the next call."""
 
@@ -165,7 +172,9 @@ class StaticNextToken:
 
 class StaticGreedy:
     """Greedy decoding, ``max_len`` ids per row counting BOS, on ``StaticNextToken``: the
-    arguments and result of ``greedy_decode`` (which ``check_arguments`` checks the same way).
+    arguments and result of ``greedy_decode``, checked the same way (``check_arguments``) but once,
+    here; a call checks only its source and mask. A call decodes in eval mode whatever mode the
+    model is in, and gives each module its mode back, as ``greedy_decode`` does.
     ``from_logits`` False takes the argmax of the log-probabilities instead (the same ids)."""
 
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
@@ -179,35 +188,39 @@ class StaticGreedy:
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """(B, S) source ids -> (B, L) target ids: BOS, then the argmax at each step, padding
-        after a row's EOS; stops when every row has produced EOS, or at ``max_len`` ids."""
-        check_arguments(self.next_token_logp.model, src_mask, self.max_len, self.bos_id, self.eos_id, True)
-        check_no_empty_source(src, src_mask)
+        after a row's EOS; stops when every row has produced EOS, or at ``max_len`` ids. In eval
+        mode, each module's mode given back afterwards."""
+        check_source(src, src_mask)  # the settings were checked when this decoder was built
         step = self.next_token_logp
-        step.start(src, src_mask)
-        batch = src.shape[0]
-        tokens = torch.full((batch, self.max_len), self.config.pad_id, dtype=torch.long,
-                            device=src.device)  # (B, max_len), filled from the left
-        tokens[:, 0] = self.bos_id
-        finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (B,)
-        length = 1
-        # argmax ids lie in [0, V) and positions in [0, max_len): nothing for the checks to read
-        with ids_range_checked():
-            while length < self.max_len:
-                prefix = tokens[:, :length]  # (B, length)
-                # (B,): the largest logit's id, or the largest log-probability's (the same)
-                next_token = step.next_ids(prefix) if self.from_logits else step(prefix).argmax(dim=-1)
-                tokens[:, length] = next_token.masked_fill(finished, self.config.pad_id)
-                finished |= tokens[:, length] == self.eos_id
-                length += 1
-                if finished.all():
-                    break
+        with eval_mode(step.model):
+            step.start(src, src_mask)
+            batch = src.shape[0]
+            tokens = torch.full((batch, self.max_len), self.config.pad_id, dtype=torch.long,
+                                device=src.device)  # (B, max_len), filled from the left
+            tokens[:, 0] = self.bos_id
+            finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (B,)
+            length = 1
+            # argmax ids lie in [0, V) and positions in [0, max_len): nothing for the checks to read
+            with ids_range_checked():
+                while length < self.max_len:
+                    prefix = tokens[:, :length]  # (B, length)
+                    # (B,): the largest logit's id, or the largest log-probability's (the same)
+                    next_token = step.next_ids(prefix) if self.from_logits else step(prefix).argmax(dim=-1)
+                    tokens[:, length] = next_token.masked_fill(finished, self.config.pad_id)
+                    finished |= tokens[:, length] == self.eos_id
+                    length += 1
+                    if finished.all():
+                        break
         return tokens[:, :length]
 
 
 class StaticBeam:
     """Beam search on ``StaticNextToken``, B sources x ``beam_size`` beams as B·k rows of one
     static cache: the arguments and result of ``beam_search`` with a given ``max_len`` (the
-    cache's positions), through the same ``search``."""
+    cache's positions), through the same ``search``. The settings are checked once, here
+    (``check_beam_arguments``); a call checks only its source and mask. A call decodes in eval
+    mode whatever mode the model is in, and gives each module its mode back, as ``beam_search``
+    does."""
 
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  beam_size: int = BEAM_SIZE, alpha: float = ALPHA, compile_mode: str | None = None,
@@ -220,17 +233,18 @@ class StaticBeam:
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Hypotheses:
-        """(B, S) source ids -> the best hypothesis of each, as ``beam_search`` finds it."""
-        arguments = self.arguments
-        check_beam_arguments(self.next_token_logp.model, src, src_mask, **arguments, use_cache=True)
-        step = self.next_token_logp
-        step.start(src, src_mask, beams=arguments["beam_size"])
-        limit = torch.full((src.shape[0],), arguments["max_len"] - 1, device=src.device)  # (B,)
-        dtype = torch.promote_types(step.cache.dtype, torch.float32)  # as beam_search adds them up
-        with ids_range_checked():  # the search's ids lie in [0, V), its positions in [0, max_len)
-            return search(step, limit, dtype, bos_id=arguments["bos_id"], eos_id=arguments["eos_id"],
-                          pad_id=self.config.pad_id, beam_size=arguments["beam_size"],
-                          alpha=arguments["alpha"])
+        """(B, S) source ids -> the best hypothesis of each, as ``beam_search`` finds it. In eval
+        mode, each module's mode given back afterwards."""
+        check_source(src, src_mask)  # the settings were checked when this decoder was built
+        arguments, step = self.arguments, self.next_token_logp
+        with eval_mode(step.model):
+            step.start(src, src_mask, beams=arguments["beam_size"])
+            limit = torch.full((src.shape[0],), arguments["max_len"] - 1, device=src.device)  # (B,)
+            dtype = torch.promote_types(step.cache.dtype, torch.float32)  # as beam_search adds them up
+            with ids_range_checked():  # the search's ids lie in [0, V), its positions in [0, max_len)
+                return search(step, limit, dtype, bos_id=arguments["bos_id"], eos_id=arguments["eos_id"],
+                              pad_id=self.config.pad_id, beam_size=arguments["beam_size"],
+                              alpha=arguments["alpha"])
 
 
 def static_greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *,

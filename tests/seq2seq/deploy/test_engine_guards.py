@@ -11,7 +11,7 @@ import torch
 
 from common.masks import padding_mask
 from seq2seq.decoding.greedy import greedy_decode
-from tests.seq2seq.test_engines import BOS, EOS, MAX_LEN, held_out, small_config, suite_model, weights
+from tests.seq2seq.deploy.test_engines import BOS, EOS, MAX_LEN, held_out, small_config, suite_model, weights
 
 ctranslate = pytest.importorskip("seq2seq.deploy.ctranslate", reason="the deploy extra is not installed")
 onnx_runtime = pytest.importorskip("seq2seq.deploy.onnx_runtime", reason="the deploy extra is not installed")

@@ -1,5 +1,5 @@
 """The static-shape cached step (fused's ``start_static_cache``/``static_step``) and the greedy loop
-on it (``seq2seq.decoding.static``): the step's log-probs equal the growing cache's and the full
+on it (``seq2seq.fast.static_search``): the step's log-probs equal the growing cache's and the full
 decode's at every position; the loop's tokens equal ``greedy_decode``'s; it stops at EOS, refills
 its cache for the next batch, and refuses bad arguments by name; compiled, the step is one graph
 whose log-probs are the eager step's."""
@@ -19,9 +19,9 @@ from common.weights import export_weights
 from seq2seq.data import tasks
 from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.decoding.static import StaticBeam, StaticGreedy, StaticNextToken, static_greedy_decode
+from seq2seq.fast.static_search import StaticBeam, StaticGreedy, StaticNextToken, static_greedy_decode
 from tests.helpers import FLOAT64_TOL, small_config
-from tests.seq2seq.test_greedy import ScriptedModel
+from tests.seq2seq.decoding.test_greedy import ScriptedModel
 from variants import build
 
 PAD, BOS, EOS = 0, 1, 2

@@ -24,7 +24,7 @@ from seq2seq.training.recipe import StepReport
 from seq2seq.training.run import list_checkpoints, progress_bar
 from variants import build
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY_MODEL = ["--vocab", "120", "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32",
               "--dropout", "0", "--batch-tokens", "300", "--warmup", "5", "--threads", "1"]
 
@@ -93,6 +93,11 @@ def test_translate_refuses_a_missing_file_and_a_model_without_vocabulary(tmp_pat
     assert "holds no subword vocabulary" in err
     err = one_line_error(capsys, lambda: translate.parse_args([str(path), "--beam", "0"]))
     assert "--beam" in err
+
+
+def test_sentences_may_follow_the_options():
+    args = translate.parse_args(["model.pt", "--beam", "1", "Stop!", "Wait!"])
+    assert args.beam == 1 and args.sentences == ["Stop!", "Wait!"]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from common.masks import padding_mask
 from seq2seq.data import tasks
 from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.decoding.static import StaticBeam, StaticGreedy, static_beam_search
+from seq2seq.fast.static_search import StaticBeam, StaticGreedy, static_beam_search
 from tests.helpers import FLOAT64_TOL, small_config
 from variants import build
 

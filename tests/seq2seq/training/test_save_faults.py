@@ -16,7 +16,7 @@ from seq2seq import train as train_cli
 from seq2seq.training.checkpoint import load_checkpoint
 from seq2seq.training.run import checkpoint_path, list_checkpoints
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OPTIONS = ["--variant", "explicit", "--task", "copy", "--batch", "4", "--d-model", "16", "--heads", "2",
            "--layers", "1", "--d-ff", "16", "--dropout", "0.1", "--vocab", "9", "--max-len", "5",
            "--warmup", "3", "--eval-size", "4", "--steps", "6", "--save-every", "2"]

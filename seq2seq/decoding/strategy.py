@@ -1,0 +1,182 @@
+"""What every search shares (OpenNMT-py's ``decode_strategy`` idea): the cached next-token step
+(``NextToken``), the eval mode a search decodes in (``eval_mode``) and the checks of its
+arguments (``check_arguments``, ``check_beam_arguments``, ``check_source``,
+``check_no_empty_source``). Greedy decoding and beam search (``seq2seq.decoding.greedy``,
+``.beam``) use them, and so does the fast path (``seq2seq.fast``); nothing here decodes a
+sequence by itself.
+
+``NextToken`` gives each step its log-probabilities. With a key/value cache (``model.has_cache``,
+every from-scratch variant) a step decodes the newest token only, ``decode_step``, reading the
+keys and values of the earlier ones from the cache. Without one (the torch reference, or
+``use_cache=False``) a step decodes the whole prefix under the usual causal and padding mask —
+about L²/2 decoder positions for L tokens instead of L, the cross-attention keys and values
+recomputed every step — and that is the specification the cache is tested against.
+
+The checks raise before any tensor work, in one line naming the argument. ``check_arguments``
+and ``check_beam_arguments`` read what a search is given once (the model, lengths, special ids,
+beam size, alpha); ``check_source`` what each call brings (the source and its mask), so that a
+decoder built ahead checks the first at construction and only the second per call.
+
+Shape legend:
+    B  batch (or batch x beams)   S  source length   L  generated length (BOS included)
+    D  model dim                  V  target vocabulary
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor, nn
+
+from common.cache import batch_first
+from common.checks import check_int, check_number
+from common.config import TransformerConfig
+from common.masks import decoder_mask
+
+
+class NextToken:
+    """Next-token log-probabilities of a batch of prefixes that grow by one token per call.
+
+    Encodes the source once; with ``use_cache`` and a model that has a cache, starts it. Called
+    with the prefixes (B, L) — each call's one token longer than the last's — it returns the
+    (B, V) log-probabilities of the token after each: from the cache, one position decoded, or
+    by decoding the whole prefix again. ``reorder`` makes row i continue old row ``origin[i]``.
+    """
+
+    def __init__(self, model: nn.Module, src: Tensor, src_mask: Tensor | None, use_cache: bool) -> None:
+        self.model = model
+        self.memory = model.encode(src, src_mask)  # (B, S, D); encode checks src and src_mask
+        self.src_mask = None if src_mask is None else batch_first(src_mask, src.shape[0])
+        cached = use_cache and getattr(model, "has_cache", False)
+        self.cache = model.start_cache(self.memory, src_mask) if cached else None
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        if self.cache is not None:  # the earlier positions' keys and values are the cache's
+            hidden = self.model.decode_step(tokens[:, -1:], self.cache)  # (B, 1, D)
+        else:
+            tgt_mask = decoder_mask(tokens, self.model.config.pad_id)  # (B, 1, L, L)
+            hidden = self.model.decode(tokens, self.memory, self.src_mask, tgt_mask)[:, -1:]  # (B, 1, D)
+        return self.model.project(hidden)[:, -1]  # (B, V)
+
+    def reorder(self, origin: Tensor) -> None:
+        """Row i continues old row ``origin[i]`` (B',): the cache's rows, or the source's."""
+        if self.cache is not None:
+            self.cache.reorder(origin)
+            return
+        self.memory = self.memory.index_select(0, origin)  # (B', S, D)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask.index_select(0, origin)  # (B', 1, 1, S)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """``model`` in eval mode inside the block (no dropout); after it, each of its modules is in
+    the mode it was in before (a caller's mix of train and eval included), after an exception too."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+def check_no_empty_source(src: object, src_mask: object) -> None:
+    """Refuse a source row whose mask hides every position (a padding-only row): it has nothing
+    to translate, and the variants' attention over no keys is not defined alike (NaN, or one row
+    of padding ids and -inf scores). A ``ValueError`` naming the row; a mask that does not fit
+    ``src`` is left to ``encode``'s checks, and so is one on another device than ``src`` or
+    on the meta device (no values to read: ``encode`` names the device)."""
+    if not (isinstance(src, Tensor) and src.ndim == 2 and isinstance(src_mask, Tensor)
+            and src_mask.dtype == torch.bool and src_mask.ndim <= 4 and src.shape[0] > 0
+            and src_mask.device == src.device and src_mask.device.type != "meta"):
+        return
+    try:
+        keys = torch.broadcast_to(src_mask, (*((1,) * (4 - src_mask.ndim)), *src_mask.shape))
+        keys = torch.broadcast_to(keys, (src.shape[0], keys.shape[1], keys.shape[2], src.shape[1]))
+    except RuntimeError:
+        return
+    empty = (~keys.any(dim=-1)).flatten(1).any(dim=1)  # (B,): some query of the row sees no key
+    if bool(empty.any()):
+        row = int(empty.nonzero()[0, 0])
+        raise ValueError(f"src_mask hides every position of source row {row} (a padding-only "
+                         "source): there is nothing to decode; leave such rows out")
+
+
+def check_arguments(
+    model: object, src_mask: object, max_len: object, bos_id: object, eos_id: object,
+    use_cache: object, *, max_len_may_be_none: bool = True,
+) -> TransformerConfig:
+    """Everything ``encode`` does not check itself; raises before any tensor work. ``max_len``
+    None is beam search's default (a length from each source); greedy decoding has none, and
+    refuses it (``max_len_may_be_none=False``)."""
+    if not isinstance(model, nn.Module) or not all(
+        callable(getattr(model, method, None)) for method in ("encode", "decode", "project")
+    ):
+        raise TypeError(
+            "model must be an nn.Module with encode, decode and project (see variants.build), "
+            f"got {type(model).__name__}"
+        )
+    config = getattr(model, "config", None)
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(f"model.config must be a TransformerConfig, got {type(config).__name__}")
+    if not isinstance(use_cache, bool):
+        raise TypeError(f"use_cache must be a bool, got {type(use_cache).__name__} {use_cache!r}")
+    if max_len is None and not max_len_may_be_none:
+        raise TypeError("max_len must be an int, the longest output counting BOS, in "
+                        f"[1, max_seq_len={config.max_seq_len}]; greedy decoding has no default, got None")
+    lengths = [] if max_len is None else [("max_len", max_len)]
+    for name, value in (*lengths, ("bos_id", bos_id), ("eos_id", eos_id)):
+        check_int(name, value)
+    if max_len is not None and not 1 <= max_len <= config.max_seq_len:
+        raise ValueError(
+            f"max_len must lie in [1, max_seq_len={config.max_seq_len}] (it counts BOS), "
+            f"got {max_len}"
+        )
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if not 0 <= value < config.tgt_vocab_size:
+            raise ValueError(
+                f"{name} must lie in [0, tgt_vocab_size={config.tgt_vocab_size}), got {value}"
+            )
+        if value == config.pad_id:
+            # BOS as padding would mask the only key of the first step; EOS as padding could
+            # not be told apart from the padding that follows it.
+            raise ValueError(f"{name} must differ from config.pad_id ({config.pad_id}), got {value}")
+    if bos_id == eos_id:
+        raise ValueError(f"bos_id and eos_id must differ, both are {bos_id}")
+    check_source_mask(src_mask)
+    return config
+
+
+def check_source_mask(src_mask: object) -> None:
+    """A source mask masks keys only: its query dimension is 1, since the same mask serves encoder
+    self-attention (S queries) and cross-attention (L queries). Its other checks are ``encode``'s."""
+    if isinstance(src_mask, Tensor) and src_mask.ndim >= 2 and src_mask.shape[-2] != 1:
+        raise ValueError(
+            "src_mask must mask source keys only, with a query dimension of 1, e.g. "
+            f"padding_mask(src, pad_id) of shape (B, 1, 1, S); got shape {tuple(src_mask.shape)}"
+        )
+
+
+def check_source(src: object, src_mask: object) -> None:
+    """What a call of a decoder built ahead brings, checked before any tensor work: a mask of
+    source keys only and no padding-only source row (``encode`` checks the rest). The fixed-shape
+    decoders (``seq2seq.fast``) check their settings once when built, and this at every call."""
+    check_source_mask(src_mask)
+    check_no_empty_source(src, src_mask)
+
+
+def check_beam_arguments(model: object, src: object, src_mask: object, max_len: object, bos_id: object,
+                         eos_id: object, use_cache: object, beam_size: object, alpha: object, *,
+                         max_len_may_be_none: bool = True) -> TransformerConfig:
+    """``beam_search``'s arguments, before any tensor work: greedy decoding's checks, a beam of at
+    least one, a non-negative alpha and no padding-only source. A static cache needs its
+    ``max_len`` (``max_len_may_be_none=False``)."""
+    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache,
+                             max_len_may_be_none=max_len_may_be_none)
+    check_int("beam_size", beam_size, low=1)
+    check_number("alpha", alpha, low_closed=True)  # a negative alpha would favour short output
+    check_no_empty_source(src, src_mask)
+    return config
