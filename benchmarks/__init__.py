@@ -1,6 +1,7 @@
-"""The measuring library behind ``python compare.py``, and the pytest-benchmark timings.
+"""The measuring library behind ``python compare.py``, the programs that measure, and the
+pytest-benchmark timings.
 
-One job per module, in the order a run uses them:
+The library, one job per module, in the order a run uses them:
 
     workload       the presets, shapes and dtypes, the FLOP count every row shares, BOS and EOS
     steps          the timed steps (forward, forward + backward, decoding), autocast, compiling
@@ -15,13 +16,31 @@ One job per module, in the order a run uses them:
     report         measured rows -> the report (a dict, also the JSON output)
     render         the report as tables (tabulate), JSON or CSV
     plot           the report as a picture of relative times (compare.py --plot)
-    breakdown      one profiled train step's operator time, grouped by what they do
+    engines        decode rows for ONNX Runtime, CTranslate2 and PyTorch's fast path (inductor, oneDNN)
     run            ``run(settings) -> report``: the phases of a run, by name
     processes      ``--processes N``: the run repeated in fresh interpreters, their rounds pooled
+    breakdown      one profiled train step's operator time, grouped by what they do (time_breakdown's)
+    bandwidth      streaming read bandwidth, the weight bytes a cached step reads (decode_scan's)
 
-The timings are ``bench_*.py`` (pytest-benchmark; ``pytest benchmarks/``, not run by a plain
-``pytest``). The programs that print (the time breakdown, the decode scan, ...) are in
-``scripts/``.
+The programs, each run as ``python -m benchmarks.NAME`` (the package is installed, so from any
+directory); each prints, and nothing in the library imports one:
+
+    decode_scan     how the key/value cache's speed-up grows with the length generated
+    static_decode   static-shape decoding, eager and compiled (CUDA graphs, freezing, oneDNN)
+    gemm_paths      which library multiplies a decode step's linears on this CPU, and how fast
+    compile_masks   where a compiled train step's dropout masks come from, and what it costs
+    time_breakdown  where a train step's time goes, per variant: a table and a picture
+    low_precision   how far bfloat16 and float16 log-probs stray from float32 (``MEASURED``)
+    learners/       one seed, five learners: every variant trained on real translation
+                    (``python -m benchmarks.learners``; its library is ``learners.study``)
+
+A program belongs here, not in ``scripts/``, when what it prints is a measurement of the
+machine it runs on (time, memory, bandwidth, the rounding of its kernels, a training run): the
+kind a page of docs/results/ records with its date and machine. ``scripts/`` holds the programs
+whose output the code alone decides (reading aids, the deviations table, the generated pages).
+
+The timings are ``timings/bench_*.py`` (pytest-benchmark; ``pytest benchmarks/`` or
+``pytest benchmarks/timings/``, not run by a plain ``pytest``).
 
 Method:
 - one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);

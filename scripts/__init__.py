@@ -1,15 +1,30 @@
-"""Programs for reading and measuring the variants, each run as ``python -m scripts.NAME``.
+"""Programs for reading the variants and for generating docs, each run as ``python -m scripts.NAME``
+from the repository root (scripts/ is not installed: pyproject installs common, variants,
+seq2seq and benchmarks only, so elsewhere Python answers ``No module named 'scripts'``).
+
+Reading:
 
     trace           one forward pass, module by module, with the shape each returns
     deviations      what each source's departures from the one architecture do to the output
-    low_precision   how far bfloat16 and float16 log-probs stray from float32
-    pictures        the sinusoid table and one layer's attention weights
-    time_breakdown  where a train step's time goes, per variant
-    decode_scan     how the key/value cache's speed-up grows with the length generated
-    compile_masks   where a compiled train step's dropout masks come from, and what it costs
-    gpu_check.sh    the device checks in one run (bash scripts/gpu_check.sh)
+    pictures        the sinusoid table and one layer's attention weights; a translation's
+                    cross-attention
+
+Generating docs:
+
+    side_by_side    docs/side-by-side.html and .md: each concept's equation above the three styles' code
+    architecture    docs/images/architecture.svg: Figure 1's boxes, each linked to the styles' code
+
+Running the device checks:
+
+    gpu_check.sh    the device checks in one run (``bash scripts/gpu_check.sh``)
+
+The rule: a program whose output the code alone decides (the same on any machine) lives here; a
+program that measures the machine it runs on (time, memory, bandwidth, the rounding of its
+kernels, a training run) lives in ``benchmarks/`` (``python -m benchmarks.NAME``), beside the
+library it measures with.
 
 A leaf: a program here may import the library (``benchmarks`` and everything below it); nothing
-in the project imports a program, except the tests that run them. Each prints; the library
-beneath does not.
+outside scripts/ imports a program here, except the tests that run them (architecture reads the
+concept map through side_by_side's helpers). Each prints or writes its files; the library
+beneath does neither.
 """

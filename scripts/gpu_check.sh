@@ -42,13 +42,13 @@ timeout "${3:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype bfl
 echo "compare.py long sequences: exit $?" | tee -a "$OUT/compare_long.log"
 PICTURE=()  # the PNG only where matplotlib is installed: without it the command would refuse to start
 "$PYTHON" -c "import matplotlib" 2>/dev/null && PICTURE=(--out "$OUT/breakdown-h200.png")
-timeout "${4:-120}" "$PYTHON" -m scripts.time_breakdown --device cuda --preset base \
+timeout "${4:-120}" "$PYTHON" -m benchmarks.time_breakdown --device cuda --preset base \
     --dtypes float32 bfloat16 --repeats 2 --ms "${PICTURE[@]}" >"$OUT/breakdown.txt" 2>&1
 echo "time_breakdown: exit $?" | tee -a "$OUT/breakdown.txt"
-timeout "${5:-90}" "$PYTHON" -m pytest benchmarks/bench_range_check.py -p no:cacheprovider \
+timeout "${5:-90}" "$PYTHON" -m pytest benchmarks/timings/bench_range_check.py -p no:cacheprovider \
     --benchmark-columns=median,iqr >"$OUT/range_check.txt" 2>&1
 echo "range check: exit $?" | tee -a "$OUT/range_check.txt"
-timeout "${6:-300}" "$PYTHON" -m scripts.static_decode --device cuda --preset base --batch 8 --src-len 64 \
+timeout "${6:-300}" "$PYTHON" -m benchmarks.static_decode --device cuda --preset base --batch 8 --src-len 64 \
     --max-len 65 --modes eager reduce-overhead --freezing --search greedy beam --min-run-time 1 \
     >"$OUT/static_decode.txt" 2>&1
 echo "static decoding: exit $?" | tee -a "$OUT/static_decode.txt"

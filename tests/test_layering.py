@@ -103,7 +103,7 @@ def test_imports_point_down(path):
     ("scripts", "from compare import main", "scripts may not import compare"),
     ("benchmarks", "from compare import main", "benchmarks may not import compare"),
     ("benchmarks", "from scripts.trace import main", "benchmarks may not import scripts"),
-    ("seq2seq", "from scripts.decode_scan import scan", "seq2seq may not import scripts"),
+    ("seq2seq", "from scripts.trace import main", "seq2seq may not import scripts"),
 ])
 def test_an_upward_import_is_caught(tmp_path, layer, source, complaint):
     """The check itself: a planted wrong-way import in a throwaway tree is reported."""

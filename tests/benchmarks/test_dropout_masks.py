@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks import compile_masks
 from benchmarks.dropout_masks import inductor_with_aten_masks, keep_mask
 from benchmarks.steps import forward_backward
 from common.batches import random_batch
 from common.config import TransformerConfig
-from scripts import compile_masks
 from tests.helpers import FLOAT64_TOL
 from variants import build
 

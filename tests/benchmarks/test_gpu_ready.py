@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import benchmarks.failures
-from benchmarks.bench_speed import synchronised
 from benchmarks.timing import float32_matmul_precision
+from benchmarks.timings.bench_speed import synchronised
 from benchmarks.workload import PRESETS, Shape, small_shape_warning
 from common.batches import random_batch
 from common.checks import check_forward, ids_range_checked

@@ -56,3 +56,15 @@ def test_bad_options_are_refused(tmp_path, bad, capsys):
     assert exit_info.value.code == 2
     assert "error:" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("where", ["file", "under-file"])
+def test_pictures_refuse_an_out_they_cannot_write_before_any_work(tmp_path, capsys, monkeypatch, where):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" if where == "file" else tmp_path / "file" / "pictures"
+    monkeypatch.setattr(pictures, "translation_pictures", lambda args: pytest.fail("worked first"))
+    with pytest.raises(SystemExit) as stop:
+        pictures.main(["--translation", str(tmp_path / "model.pt"), "--sentences", "Hi.", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--out" in err and "is a file, not a directory" in err, err

@@ -1,8 +1,9 @@
 """The scripts' own machinery: the deviations table's fill-value swap measures what it says, the
-trace of a forward pass, and the GPU script's compare.py commands."""
+trace of a forward pass, and the GPU script's commands."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -79,8 +80,14 @@ def test_every_compare_command_in_the_gpu_script_is_accepted(monkeypatch):
     assert every_decoder == [True, False]  # the base run times every decoder; the long one none
 
 
-def test_the_gpu_script_runs_the_programs_as_modules_of_scripts():
+def test_the_gpu_script_runs_modules_and_files_that_exist():
+    """The measuring programs run as modules of benchmarks/ (not of scripts/, where they lived),
+    and every module and pytest file the script names is there."""
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
-    assert "-m scripts.time_breakdown" in script and "benchmarks.time_breakdown" not in script
+    modules = re.findall(r"\"\$PYTHON\" -m ([\w.]+)", script)
+    assert {"benchmarks.time_breakdown", "benchmarks.static_decode"} <= set(modules)
+    assert [module for module in modules if importlib.util.find_spec(module) is None] == []
+    paths = re.findall(r"pytest (\S+\.py)", script)
+    assert paths and [path for path in paths if not (ROOT / path).is_file()] == []
     assert not re.search(r"\bissues? \d", script)  # a reader's comments, not a tracker's
 

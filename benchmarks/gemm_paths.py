@@ -1,12 +1,12 @@
 """Which library multiplies a decode step's linears on this CPU, and how fast each path is:
 
-    python -m scripts.gemm_paths --threads 2
+    python -m benchmarks.gemm_paths --threads 2
 
 times the product of a (B, D_in) activation with each linear weight a base decode step reads
 (section 3 sizes: 512 -> 1536 fused QKV, 512 -> 2048 and 2048 -> 512 feed-forward, 512 -> 37000
 generator), float32, three ways PyTorch offers: ``F.linear`` (MKL's SGEMM on x86 builds), MKL's
 packed product (``torch.ops.mkl._mkl_linear``, what inductor freezing runs for float32) and
-oneDNN's packed product (``torch.ops.mkldnn._linear_pointwise``, ``seq2seq.decoding.onednn``).
+oneDNN's packed product (``torch.ops.mkldnn._linear_pointwise``, ``seq2seq.fast.onednn``).
 Each row gives the median time (``torch.utils.benchmark``), the weight bytes read per second and
 the largest difference from ``F.linear``. First it prints MKL's own report of the code path it
 chose for this CPU (``MKL_VERBOSE=1`` in a child process): on x86 CPUs other than Intel's, MKL
@@ -74,7 +74,7 @@ def time_paths(batch: int, min_run_time: float) -> list[list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m scripts.gemm_paths", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.gemm_paths", description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=positive(int), default=8,
                         help=f"rows of the activation, at most {MAX_BATCH} (default 8)")
     parser.add_argument("--threads", type=positive(int), default=2)

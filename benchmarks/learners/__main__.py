@@ -1,13 +1,13 @@
 """One seed, five learners: train every variant on a translation corpus from the same seed, on
 the same batches, for the same steps; overlay their loss curves and tabulate what each learned.
 
-    python -m scripts.learners --data fra-eng.zip --steps 1000 --out runs/learners
-    python -m scripts.learners --data fra-eng.zip --minutes 10 --out runs/learners --threads 2
-    python -m scripts.learners --data fra-eng.zip --steps 300 --seeds 0 1 2 --controls 1 --out runs/study
+    python -m benchmarks.learners --data fra-eng.zip --steps 1000 --out runs/learners
+    python -m benchmarks.learners --data fra-eng.zip --minutes 10 --out runs/learners --threads 2
+    python -m benchmarks.learners --data fra-eng.zip --steps 300 --seeds 0 1 2 --controls 1 --out runs/study
 
 With ``--seeds`` or ``--controls`` it runs the study instead: every row from each seed, and
 ``--controls N`` more runs of each (row, seed) whose learning-rate factor is moved by k float32
-ulps for the k-th (``scripts.learners_study.perturbed_factor``: a change of rounding only, so N is
+ulps for the k-th (``benchmarks.learners.study.perturbed_factor``: a change of rounding only, so N is
 at most 838, where the rate moves by less than 0.01%), all for ``--steps`` steps; a study needs
 two runs of each row (two seeds, or a control) for its statistic. It writes ``study.json`` (every
 run's record) after each run; run again with the same ``--out`` and it skips the runs already
@@ -22,7 +22,7 @@ exactly as explicit) after each row, so a run stopped later keeps the rows done,
 ``learners.png`` (the loss curves, by step and by training time). ``--minutes`` bounds the first
 row (explicit); the steps it reaches are every other row's budget. The model, vocabulary,
 batches and recipe are the ``--preset``'s (seq2seq.train's translate presets), any of them
-overridden by its option. A thin shell over ``scripts.learners_study``; the picture needs matplotlib
+overridden by its option. A thin shell over ``benchmarks.learners.study``; the picture needs matplotlib
 (``pip install -e ".[plot]"``).
 """
 
@@ -38,17 +38,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from common.cli import (
-    Parser,
-    config_or_exit,
-    device_or_exit,
-    non_negative_int,
-    one_line,
-    positive,
-    seed_int,
-    write_probe,
-)
-from scripts.learners_study import (
+from benchmarks.learners.study import (
     DTYPES,
     MAX_CONTROLS,
     LearnersResult,
@@ -62,11 +52,21 @@ from scripts.learners_study import (
     run_study,
     study_table,
 )
+from common.cli import (
+    Parser,
+    config_or_exit,
+    device_or_exit,
+    non_negative_int,
+    one_line,
+    positive,
+    seed_int,
+    write_probe,
+)
 from seq2seq.data.corpus import CorpusSettings
 from seq2seq.translation import PRESETS
 from variants import VARIANTS
 
-PROG = "python -m scripts.learners"
+PROG = "python -m benchmarks.learners"
 JSON_FILE, TABLE_FILE, PICTURE_FILE = "learners.json", "learners.md", "learners.png"
 STUDY_FILE, STUDY_PICTURE = "study.json", "study.png"
 # TranslationSettings field -> (option, its type): each defaults to the preset's value

@@ -2,7 +2,7 @@
 read at every call (``aminmax`` then ``int()``, the default) against checked once, outside the
 timed calls (``common.checks.ids_range_checked``).
 
-    pytest benchmarks/bench_range_check.py --benchmark-columns=median,iqr     # needs CUDA
+    pytest benchmarks/timings/bench_range_check.py --benchmark-columns=median,iqr     # needs CUDA
 
 The small preset at 8 x 32, where a forward is a few milliseconds of kernel launches and a sync
 in front of them shows. On CPU there is no sync to save, so the file runs on CUDA only.

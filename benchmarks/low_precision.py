@@ -1,6 +1,6 @@
 """Measure how far bfloat16/float16 log-probs stray from float32, per variant and mode.
 
-    python -m scripts.low_precision            # Markdown table on stdout (a few minutes on 2 cores)
+    python -m benchmarks.low_precision            # Markdown table on stdout (a few minutes on 2 cores)
 
 The worst case, over post-/pre-norm, 2 and 6 layers and seeds 0-11, of the largest absolute
 difference between a model's log-probs in float32 and the same model cast with
@@ -83,7 +83,7 @@ def measure(seeds: int = SEEDS) -> dict[tuple[str, torch.dtype], dict[str, float
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m scripts.low_precision", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.low_precision", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=positive(int), default=SEEDS,
                         help=f"seeds per layout (default {SEEDS})")
     args = parser.parse_args(argv)

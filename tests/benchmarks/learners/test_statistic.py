@@ -1,4 +1,4 @@
-"""The study's statistic (``scripts.learners_study``) on made-up run records, against hand
+"""The study's statistic (``benchmarks.learners.study``) on made-up run records, against hand
 computations: the pooled spreads between rows and within a row, Kruskal–Wallis H by the
 textbook formula, and the identical-translation shares."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from scripts.learners_study import identical_shares, metric_statistic, study_table
+from benchmarks.learners.study import identical_shares, metric_statistic, study_table
 
 
 def record(variant: str, control: int, value: float, texts: tuple[str, ...] = ("a", "b"),

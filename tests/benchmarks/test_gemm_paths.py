@@ -1,4 +1,4 @@
-"""scripts.gemm_paths: a row per linear shape and product path, each path the same product as
+"""benchmarks.gemm_paths: a row per linear shape and product path, each path the same product as
 F.linear to float32 rounding, and MKL's report of its code path."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from scripts import gemm_paths
+from benchmarks import gemm_paths
 
 
 def test_every_path_computes_the_same_product(capsys, monkeypatch):

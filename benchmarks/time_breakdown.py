@@ -1,7 +1,7 @@
 """Where a train step's time goes, per variant: a table and a stacked-bar picture.
 
-    python -m scripts.time_breakdown --preset tiny --out breakdown.png
-    python -m scripts.time_breakdown --preset base --dtypes float32 bfloat16 --steps eager compiled
+    python -m benchmarks.time_breakdown --preset tiny --out breakdown.png
+    python -m benchmarks.time_breakdown --preset base --dtypes float32 bfloat16 --steps eager compiled
 
 profiles one warmed-up train step (forward, NLL, backward, Adam) per variant with
 torch.profiler and groups its operators' self time (benchmarks.breakdown), for each dtype
@@ -32,7 +32,7 @@ DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m scripts.time_breakdown", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.time_breakdown", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=list(PRESETS), default="tiny")
     parser.add_argument("--batch", type=positive(int), help="batch size (default: the preset's)")
     parser.add_argument("--length", type=positive(int),

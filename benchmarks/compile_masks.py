@@ -1,7 +1,7 @@
 """Where a compiled train step's dropout masks come from, and what it costs: eager, inductor's
 own in-kernel masks, and the suite's backend (masks from aten, benchmarks.dropout_masks).
 
-    python -m scripts.compile_masks --variant explicit --preset base --steps 5 --top 12
+    python -m benchmarks.compile_masks --variant explicit --preset base --steps 5 --top 12
 
 Times one train step (forward, NLL, backward; no optimizer) of each kind in turn, ``--steps``
 times each, with glibc keeping freed memory as compare.py does, and prints the fastest and the
@@ -50,7 +50,7 @@ def top_ops(step, n: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.compile_masks", description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
     parser.add_argument("--preset", choices=list(PRESETS), default="small")
     parser.add_argument("--steps", type=positive(int), default=5, help="timed steps of each kind")

@@ -1,5 +1,6 @@
-"""The scripts refuse settings they cannot run before any work (one line, exit 2, or exit 1 with
-the reason), and the learners table compares every row with the first row, not the one before."""
+"""The measuring programs refuse settings they cannot run before any work (one line, exit 2, or
+exit 1 with the reason), and the learners table compares every row with the first row, not the
+one before."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-import scripts.learners_study as learners_study
-from scripts import decode_scan, learners, pictures, static_decode
-from scripts.learners_study import Learning, markdown_report, prepare, run_learners
+from benchmarks import decode_scan, static_decode
+from benchmarks.learners import __main__ as learners
+from benchmarks.learners import study as learners_study
+from benchmarks.learners.study import Learning, markdown_report, prepare, run_learners
 from seq2seq.data.corpus import Example
-from tests.scripts.test_learners_study import TINY, settings_for
+from tests.benchmarks.learners.test_study import TINY, settings_for
 
 SMALL = ["--vocab", "120", "--d-model", "16", "--heads", "2", "--layers", "1", "--d-ff", "32"]
 
@@ -46,18 +48,6 @@ def test_the_learners_table_compares_every_row_with_the_first(sample_corpus, mon
              for line in markdown_report(result).splitlines()
              if line.startswith("| ") and "variant" not in line}
     assert cells["torch"][-2:] == ["75.0%", "75.0%"] and cells["fused"][-2:] == ["50.0%", "50.0%"]
-
-
-@pytest.mark.parametrize("where", ["file", "under-file"])
-def test_pictures_refuse_an_out_they_cannot_write_before_any_work(tmp_path, capsys, monkeypatch, where):
-    (tmp_path / "file").write_text("")
-    out = tmp_path / "file" if where == "file" else tmp_path / "file" / "pictures"
-    monkeypatch.setattr(pictures, "translation_pictures", lambda args: pytest.fail("worked first"))
-    with pytest.raises(SystemExit) as stop:
-        pictures.main(["--translation", str(tmp_path / "model.pt"), "--sentences", "Hi.", "--out", str(out)])
-    err = capsys.readouterr().err
-    assert stop.value.code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "--out" in err and "is a file, not a directory" in err, err
 
 
 def test_a_source_longer_than_the_preset_reads_is_refused_first(capsys, monkeypatch):

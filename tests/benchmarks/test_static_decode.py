@@ -1,4 +1,4 @@
-"""scripts.static_decode: a row per decoder with the same tokens as the growing cache's greedy,
+"""benchmarks.static_decode: a row per decoder with the same tokens as the growing cache's greedy,
 and the GPU script's command accepted as written."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts.static_decode import main, parse
+from benchmarks.static_decode import main, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,9 +40,9 @@ def test_each_lever_is_a_row_and_each_search_has_its_baseline(capsys):
 def test_the_gpu_scripts_command_is_accepted(monkeypatch):
     """scripts/gpu_check.sh runs only on a lent GPU: a rejected option there costs the lease."""
     script = (ROOT / "scripts" / "gpu_check.sh").read_text().replace("\\\n", " ")
-    (line,) = [line for line in script.splitlines() if "-m scripts.static_decode" in line]
+    (line,) = [line for line in script.splitlines() if "-m benchmarks.static_decode" in line]
     words = shlex.split(line)
-    options = [word for word in words[words.index("scripts.static_decode") + 1:]
+    options = [word for word in words[words.index("benchmarks.static_decode") + 1:]
                if not word.startswith(">") and not word.endswith("2>&1")]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     settings = parse(options)

@@ -1,6 +1,6 @@
 """What each variant's LayerNorm costs, forward + backward, at the base model's width.
 
-    pytest benchmarks/bench_layernorm.py --benchmark-columns=median,iqr
+    pytest benchmarks/timings/bench_layernorm.py --benchmark-columns=median,iqr
 
 explicit writes LayerNorm out from its formula and lets autograd differentiate it op by op;
 mathfirst writes out the formula and its derived gradient (``LayerNormFunction``); einsum and

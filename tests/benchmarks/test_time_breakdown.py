@@ -1,4 +1,4 @@
-"""scripts.time_breakdown: the table and the picture of where a train step's time goes, and
+"""benchmarks.time_breakdown: the table and the picture of where a train step's time goes, and
 its refusals (a bad picture path, a device this machine lacks) before any profiling."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks.breakdown import GROUPS
-from scripts.time_breakdown import main, picture
+from benchmarks.time_breakdown import main, picture
 
 
 def test_the_script_prints_a_table_with_the_coverage(capsys):
@@ -48,4 +48,4 @@ def test_cuda_without_cuda_is_one_line_naming_the_option(capsys):
         main(["--device", "cuda"])
     assert stop.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith("python -m scripts.time_breakdown: error: --device cuda: CUDA is not available")
+    assert line.startswith("python -m benchmarks.time_breakdown: error: --device cuda: CUDA is not available")

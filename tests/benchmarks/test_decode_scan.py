@@ -1,4 +1,4 @@
-"""scripts.decode_scan: one interleaved run gives the cache's speed-up at every length, and each
+"""benchmarks.decode_scan: one interleaved run gives the cache's speed-up at every length, and each
 row's cached step against the machine's limit (weight bytes / read bandwidth); the levers."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import scripts.decode_scan as decode_scan
+import benchmarks.decode_scan as decode_scan
 from benchmarks.bandwidth import Bandwidth, step_weight_bytes
+from benchmarks.decode_scan import DVGenerator, main
 from benchmarks.workload import PRESETS
 from common.config import TransformerConfig
 from common.weights import import_weights
-from scripts.decode_scan import DVGenerator, main
 from tests.helpers import random_canonical, small_config
 from variants import build
 

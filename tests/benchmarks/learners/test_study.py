@@ -1,4 +1,4 @@
-"""One seed, five learners (``scripts.learners_study``, ``python -m scripts.learners``) on the sample
+"""One seed, five learners (``benchmarks.learners.study``, ``python -m benchmarks.learners``) on the sample
 corpus the tests write: the records and the table against independent counts, the rows' dropout
 in lockstep (and why the torch row's masks land elsewhere), and bad options in one line."""
 
@@ -11,11 +11,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common.batches import random_batch
-from common.weights import export_weights
-from scripts import learners as learners_cli
-from scripts import learners_study
-from scripts.learners_study import (
+from benchmarks.learners import __main__ as learners_cli
+from benchmarks.learners import study as learners_study
+from benchmarks.learners.study import (
     LearnersSettings,
     as_json,
     identical_share,
@@ -26,6 +24,8 @@ from scripts.learners_study import (
     run_study,
     train_learner,
 )
+from common.batches import random_batch
+from common.weights import export_weights
 from seq2seq.data.batches import TokenBatches
 from seq2seq.data.corpus import CorpusSettings
 from seq2seq.data.ids import PAD_ID

@@ -1,6 +1,6 @@
 """Decoding timings: one benchmark group per device and shape, a row per (variant, decoder).
 
-    pytest benchmarks/bench_decode.py                     # CPU, and CUDA when present
+    pytest benchmarks/timings/bench_decode.py                     # CPU, and CUDA when present
 
 The decoders are those of compare.py --all-decoders (``benchmarks.steps.DECODE_MODES``): greedy
 with the key/value cache (the torch reference has none: it recomputes), greedy by full
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.bench_speed import CONFIG, DEVICES, model_on, synchronised
 from benchmarks.steps import DECODE_MODES, decode_steps
+from benchmarks.timings.bench_speed import CONFIG, DEVICES, model_on, synchronised
 from common.batches import random_batch
 from variants import REFERENCE, VARIANTS, build
 

@@ -1,9 +1,9 @@
 """How the key/value cache's speed-up grows with the length generated, from one run:
 
-    python -m scripts.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
+    python -m benchmarks.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
 
 greedy-decodes the batch's sources once with the cache and once by full recompute
-(``seq2seq.decoding.greedy.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
+(``seq2seq.decoding.strategy.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
 so that a busy machine slows both alike, and times every step. Both decode the same ids (the
 cached run's choices). A generation of L ids (BOS included) costs the sum of its first L - 1
 steps (encoding the source, the same for both, is left out), so one run gives the speed-up at
@@ -22,8 +22,8 @@ streams its weights. The levers change what the cached step is made of (the unca
 keeps the model's eager step): ``--decode-dtype`` casts the model, ``--generator-layout dv``
 projects through a (D, V) contiguous copy of the generator's weight, ``--compile-step`` runs the
 cached step through torch.compile (compiled before the timed run), ``--static`` uses fused's
-static-shape step (``seq2seq.decoding.static``), and ``--freezing`` with both compiles it with
-inductor freezing, and ``--onednn`` runs its linears on oneDNN (``seq2seq.decoding.onednn``):
+static-shape step (``seq2seq.fast.static_search``), and ``--freezing`` with both compiles it with
+inductor freezing, and ``--onednn`` runs its linears on oneDNN (``seq2seq.fast.onednn``):
 the levers of compare.py's inductor row.
 """
 
@@ -51,15 +51,15 @@ from common.checks import model_dtype
 from common.cli import Parser, positive
 from common.config import TransformerConfig
 from common.weights import export_weights
-from seq2seq.decoding.greedy import NextToken
-from seq2seq.decoding.static import StaticNextToken
+from seq2seq.decoding.strategy import NextToken
+from seq2seq.fast.static_search import StaticNextToken
 from variants import FROM_SCRATCH, build
 
 DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m scripts.decode_scan", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.decode_scan", description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=FROM_SCRATCH, default="explicit")
     parser.add_argument("--preset", choices=list(PRESETS), default="base")
     parser.add_argument("--batch", type=positive(int), default=8)
@@ -198,7 +198,7 @@ class Levers:
     compile_step: bool = False  # the cached step through torch.compile (inductor, default mode)
     static: bool = False  # fused's static-shape step (preallocated cache) instead of the growing one
     freezing: bool = False  # with compile_step and static: inductor freezing (weights prepacked)
-    onednn: bool = False  # with static: the decoder's linears on oneDNN (seq2seq.decoding.onednn)
+    onednn: bool = False  # with static: the decoder's linears on oneDNN (seq2seq.fast.onednn)
 
     def describe(self) -> str:
         parts = ["static" if self.static else "growing cache", f"generator {self.generator_layout}"]

@@ -1,7 +1,7 @@
 """What one dropout costs, by where its mask comes from: eager, inductor's own in-kernel masks,
 and the suite's compiled steps (benchmarks.dropout_masks: masks from aten, multiply fused).
 
-    pytest benchmarks/bench_dropout_masks.py --benchmark-columns=median,iqr
+    pytest benchmarks/timings/bench_dropout_masks.py --benchmark-columns=median,iqr
 
 One 1024 x 2048 float32 tensor (the base model's feed-forward activation at 8 x 128), p = 0.1,
 forward only. Alone, inductor's own masks are the cheapest; inside the base train step its

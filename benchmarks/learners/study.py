@@ -21,7 +21,7 @@ controls of each row beside it, and sets the rows' spread against a row's spread
 Rows run one after another, each to its end (training, then scoring): torch's global generator
 holds the dropout stream, so a row that runs alone needs no swapping of generator states, and
 its result can be saved (``on_row``) before the next starts. Prints nothing: ``python -m
-scripts.learners`` is the command line over this.
+benchmarks.learners`` is the command line over this.
 
 Shape legend:
     B  sentences (batch)   T  target length (BOS and EOS included)
@@ -467,7 +467,7 @@ def metric_statistic(records: list[dict], metric: str) -> MetricStatistic:
 
     It needs at least two rows and at least two runs of each (two seeds, or a control): with one
     run per row, H is k - 1 whatever the values and a row's spread with itself is unknown, so
-    that is a ValueError, not a p-value (``python -m scripts.learners`` refuses such a study
+    that is a ValueError, not a p-value (``python -m benchmarks.learners`` refuses such a study
     before it trains).
     """
     rows: dict[str, list[float]] = {}

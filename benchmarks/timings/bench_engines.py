@@ -1,9 +1,9 @@
 """Cached greedy decoding through the deployment engines beside the suite's rows: one benchmark
 group, a row each for fused, torch, ONNX Runtime and CTranslate2 (float32).
 
-    pytest benchmarks/bench_engines.py
+    pytest benchmarks/timings/bench_engines.py
 
-The work is benchmarks/bench_decode.py's: the library's small preset, the shared padded batch,
+The work is benchmarks/timings/bench_decode.py's: the library's small preset, the shared padded batch,
 random weights (no row ends early), ``MAX_LEN - 1`` decoding steps per source. The engines
 hold the reference's weights, exported once per module (the ONNX export takes a minute).
 Speed is reported, never asserted.
@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.bench_decode import MAX_LEN, SHAPES
-from benchmarks.bench_speed import CONFIG, model_on
 from benchmarks.engines import EngineSettings, engine_rows
 from benchmarks.steps import decode_step
+from benchmarks.timings.bench_decode import MAX_LEN, SHAPES
+from benchmarks.timings.bench_speed import CONFIG, model_on
 from common.batches import random_batch
 from variants import REFERENCE, build
 

@@ -1,14 +1,14 @@
 """Static-shape decoding, eager and compiled, against the growing cache's, lever by lever:
 
-    python -m scripts.static_decode --device cuda --modes eager reduce-overhead --search greedy beam
-    python -m scripts.static_decode --device cpu --modes eager default --freezing --onednn --log-probs
+    python -m benchmarks.static_decode --device cuda --modes eager reduce-overhead --search greedy beam
+    python -m benchmarks.static_decode --device cpu --modes eager default --freezing --onednn --log-probs
 
-times ``seq2seq.decoding.static.StaticGreedy`` (and ``StaticBeam``, beam 4) on fused (the one row
+times ``seq2seq.fast.static_search.StaticGreedy`` (and ``StaticBeam``, beam 4) on fused (the one row
 with a static step) in each ``--modes`` entry ("eager", or a torch.compile mode: "default",
 "reduce-overhead", which on CUDA captures the step as a CUDA graph), beside ``greedy_decode``
 (``beam_search``) with the growing cache as the baseline, on one batch of random seeded weights.
 ``--freezing`` adds each compiled mode with inductor freezing (refused without a compiled mode);
-``--onednn`` an eager row with the decoder's linears on oneDNN (``seq2seq.decoding.onednn``, CPU
+``--onednn`` an eager row with the decoder's linears on oneDNN (``seq2seq.fast.onednn``, CPU
 float32); ``--log-probs`` each greedy row with its argmax over the log-probabilities instead of
 the logits. Each row first decodes twice untimed (compiling, then recording its graph), then is
 timed by ``torch.utils.benchmark`` (which synchronises CUDA); the rows run one after another, so
@@ -33,7 +33,7 @@ from common.cli import Parser, device_or_exit, positive
 from common.config import TransformerConfig
 from seq2seq.decoding.beam import beam_search
 from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.decoding.static import StaticBeam, StaticGreedy
+from seq2seq.fast.static_search import StaticBeam, StaticGreedy
 from variants import build
 
 EAGER = "eager"
@@ -114,7 +114,7 @@ def time_decoders(settings: StaticDecodeSettings) -> list[list[object]]:
 
 def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
     """The command line as settings; a bad option exits with a one-line usage error."""
-    parser = Parser(prog="python -m scripts.static_decode", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.static_decode", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
     parser.add_argument("--preset", choices=list(PRESETS), default="base")
