@@ -3,7 +3,7 @@ pytest-benchmark timings.
 
 The library, one job per module, in the order a run uses them:
 
-    workload       the presets, shapes and dtypes, the FLOP count every row shares, BOS and EOS
+    workload       the timing presets, shapes and dtypes, the FLOP count every row shares
     steps          the timed steps (forward, forward + backward, decoding), autocast, compiling
     dropout_masks  the compile backend: inductor with dropout's masks drawn by aten
     machine        whether the cores are busy, the threads to time with, the OpenMP wait policy

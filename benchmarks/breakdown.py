@@ -41,7 +41,7 @@ from torch.autograd import DeviceType
 from benchmarks.dropout_masks import KEEP_MASK_OP
 from benchmarks.memory import quiet_stderr
 from benchmarks.steps import compiled, forward_backward
-from common.batches import Batch
+from common.random_batch import Batch
 
 GROUPS = ("matmul", "attention", "layernorm", "dropout", "elementwise", "embedding/generator",
           "optimizer", "other")

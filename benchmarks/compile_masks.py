@@ -21,10 +21,10 @@ import torch
 
 from benchmarks.memory import keep_freed_memory, quiet_stderr
 from benchmarks.steps import CompiledModel, compiled, forward_backward, token_nll
-from benchmarks.workload import PRESETS
-from common.batches import random_batch
+from benchmarks.workload import TIMING_PRESETS
 from common.cli import Parser, positive
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import VARIANTS, build
 
 
@@ -52,14 +52,14 @@ def top_ops(step, n: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m benchmarks.compile_masks", description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=VARIANTS, default="explicit")
-    parser.add_argument("--preset", choices=list(PRESETS), default="small")
+    parser.add_argument("--preset", choices=list(TIMING_PRESETS), default="small")
     parser.add_argument("--steps", type=positive(int), default=5, help="timed steps of each kind")
     parser.add_argument("--top", type=int, default=0, help="profile one step of each; list N ops")
     parser.add_argument("--threads", type=positive(int), default=2)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     keep_freed_memory()
-    fields, batch, length = PRESETS[args.preset]
+    fields, batch, length = TIMING_PRESETS[args.preset]
     config = TransformerConfig(**fields)
     data = random_batch(config, batch, length, length)
     model = build(args.variant, config, seed=0).train()

@@ -3,7 +3,7 @@
     python -m benchmarks.decode_scan --variant explicit --batch 8 --src-len 64 --max-len 257 --threads 1
 
 greedy-decodes the batch's sources once with the cache and once by full recompute
-(``seq2seq.decoding.strategy.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
+(``seq2seq.search.strategy.NextToken``, as ``greedy_decode`` steps), the two interleaved step by step
 so that a busy machine slows both alike, and times every step. Both decode the same ids (the
 cached run's choices). A generation of L ids (BOS included) costs the sum of its first L - 1
 steps (encoding the source, the same for both, is left out), so one run gives the speed-up at
@@ -45,14 +45,15 @@ from torch import Tensor
 
 from benchmarks.bandwidth import BandwidthSettings, read_bandwidth, step_weight_bytes
 from benchmarks.machine import settle_threads
-from benchmarks.workload import BOS_ID, DTYPES, PRESETS, eos_id
-from common.batches import random_batch
+from benchmarks.workload import DTYPES, TIMING_PRESETS
 from common.checks import model_dtype
 from common.cli import Parser, positive
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from common.weights import export_weights
-from seq2seq.decoding.strategy import NextToken
+from seq2seq.data.ids import BOS_ID, timing_eos_id
 from seq2seq.fast.static_search import StaticNextToken
+from seq2seq.search.strategy import NextToken
 from variants import FROM_SCRATCH, build
 
 DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
@@ -61,7 +62,7 @@ DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m benchmarks.decode_scan", description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=FROM_SCRATCH, default="explicit")
-    parser.add_argument("--preset", choices=list(PRESETS), default="base")
+    parser.add_argument("--preset", choices=list(TIMING_PRESETS), default="base")
     parser.add_argument("--batch", type=positive(int), default=8)
     parser.add_argument("--src-len", type=positive(int), default=64)
     parser.add_argument("--max-len", type=positive(int), default=129, help="ids per row, BOS included")
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bandwidth-seconds", type=positive(float), default=0.5,
                         help="seconds of timed sums per bandwidth measurement (one before, one after)")
     args = parser.parse_args(argv)
-    config = TransformerConfig(**PRESETS[args.preset].fields)
+    config = TransformerConfig(**TIMING_PRESETS[args.preset].fields)
     if not args.ops and not 2 <= args.max_len <= config.max_seq_len:
         parser.error(f"--max-len must lie in [2, max_seq_len={config.max_seq_len}]")
     if args.src_len > config.max_seq_len:
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     before = read_bandwidth(bandwidth)
     cached = cached_next_token(model, src, src_mask, args.max_len, levers)
     uncached = NextToken(model, src, src_mask, use_cache=False)
-    cached_s, uncached_s = scan(cached, uncached, src.shape[0], eos_id(config), args.max_len)
+    cached_s, uncached_s = scan(cached, uncached, src.shape[0], timing_eos_id(config), args.max_len)
     after = read_bandwidth(bandwidth)
     weights = step_weight_bytes(config, model_dtype(model), args.batch)
     fastest = max(before.bytes_per_second, after.bytes_per_second)  # the machine's limit

@@ -9,7 +9,7 @@ linears on oneDNN (``seq2seq.fast.onednn``). Both take greedy's argmax over the 
 
 For one model's weights (any row's), one padded batch and ``max_len`` ids per row (BOS
 included), each ``EngineRow`` holds the calls a variant row's decode columns time: "decode",
-cached greedy decoding, and "beam", beam search of ``seq2seq.decoding.beam.BEAM_SIZE``. ONNX Runtime's
+cached greedy decoding, and "beam", beam search of ``seq2seq.search.beam.BEAM_SIZE``. ONNX Runtime's
 are the suite's own greedy_decode and beam_search driving the sessions
 (``seq2seq.deploy.onnx_runtime``), so its beam is the suite's; CTranslate2's beam is its own
 search, with its own length penalty (docs/deployment.md). Exporting is done here, once, before
@@ -30,11 +30,11 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.steps import beam_step, decode_step
-from benchmarks.workload import BOS_ID, eos_id
-from common.batches import Batch
+from common.random_batch import Batch
 from common.weights import transfer
-from seq2seq.decoding.beam import ALPHA, BEAM_SIZE
+from seq2seq.data.ids import BOS_ID, timing_eos_id
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
+from seq2seq.search.beam import ALPHA, BEAM_SIZE
 from variants import build, variant_argument
 
 if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for
@@ -147,7 +147,7 @@ def engine_rows(
         from seq2seq.deploy import ctranslate
 
         exported = ctranslate.export_ctranslate2(
-            model, directory / "ctranslate2", bos_id=BOS_ID, eos_id=eos_id(model.config)
+            model, directory / "ctranslate2", bos_id=BOS_ID, eos_id=timing_eos_id(model.config)
         )
         for precision in settings.precisions:
             engine = ctranslate.CTranslate2Model(exported, compute_type=precision, threads=settings.threads)
@@ -167,7 +167,7 @@ def fast_path_steps(model: nn.Module, batch: Batch, max_len: int,
     fast = build("fused", model.config)
     transfer(model, fast)
     fast = fast.to(device=batch.src.device, dtype=torch.float32).eval()
-    ids = dict(max_len=max_len, bos_id=BOS_ID, eos_id=eos_id(model.config), **levers)
+    ids = dict(max_len=max_len, bos_id=BOS_ID, eos_id=timing_eos_id(model.config), **levers)
     greedy, beam = StaticGreedy(fast, **ids), StaticBeam(fast, beam_size=BEAM_SIZE, alpha=ALPHA, **ids)
     return {"decode": lambda: greedy(batch.src, batch.src_mask),
             "beam": lambda: beam(batch.src, batch.src_mask).tokens}

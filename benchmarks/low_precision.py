@@ -4,7 +4,7 @@
 
 The worst case, over post-/pre-norm, 2 and 6 layers and seeds 0-11, of the largest absolute
 difference between a model's log-probs in float32 and the same model cast with
-``model.to(dtype)`` or run under ``torch.autocast("cpu", dtype)``, on ``common.batches``'s
+``model.to(dtype)`` or run under ``torch.autocast("cpu", dtype)``, on ``common.random_batch``'s
 default batch. The table shows measurements only. ``MEASURED`` records the last run's cells;
 ``tests/equivalence/test_numerics.py`` derives its bounds from them (times a margin it states),
 and a slow test there checks that ``measure()`` still finds every cell within a factor of 2
@@ -19,9 +19,9 @@ import sys
 
 import torch
 
-from common.batches import random_batch
 from common.cli import Parser, positive
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import VARIANTS, build
 
 # The tests' small model (tests.helpers.small_config; a test keeps the two equal).

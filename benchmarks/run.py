@@ -44,7 +44,7 @@ from benchmarks.steps import (
 )
 from benchmarks.timing import MatmulPeak, Peak, float32_matmul_precision, time_step
 from benchmarks.workload import DTYPES, Shape, gemm_shapes, small_shape_warning
-from common.batches import Batch, random_batch
+from common.random_batch import Batch, random_batch
 from common.weights import transfer
 from variants import REFERENCE, build
 

@@ -12,7 +12,7 @@ from benchmarks.engines import ENGINES, engines_problem, row_argument
 from benchmarks.machine import WAIT_POLICIES, ThreadChoice, wait_policy_problem
 from benchmarks.plot import matplotlib_problem, path_problem
 from benchmarks.render import FORMATS
-from benchmarks.workload import DTYPES, PRESETS, Shape, check_lengths, paired_shapes
+from benchmarks.workload import DTYPES, TIMING_PRESETS, Shape, check_lengths, paired_shapes
 from common.checks import check_int, check_seed
 from common.cli import positive, seed_int
 from common.config import TransformerConfig
@@ -75,7 +75,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     ``Settings``."""
     parser.add_argument("--device", choices=("cpu", "cuda", "all"), default="cpu",
                         help="where to run; 'all' = cpu, and cuda when present (default cpu)")
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="small",
+    parser.add_argument("--preset", choices=tuple(TIMING_PRESETS), default="small",
                         help="model size; base = the paper's 512/8/6/2048/37000, paper-base and "
                              "paper-big = its Table 3 models, embeddings shared (default small)")
     parser.add_argument("--batch", type=positive(int), nargs="+",
@@ -145,7 +145,7 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
     """compare.py's options as the run's ``Settings``, every value checked before any work:
     ValueError names the first that cannot run (the model's fields, lengths, engine rows, the
     wait policy, a table or picture that could not be written)."""
-    preset = PRESETS[args.preset]
+    preset = TIMING_PRESETS[args.preset]
     changed = {"dropout": args.dropout, "max_seq_len": args.max_seq_len}  # None: the preset's
     try:
         config = TransformerConfig(**preset.fields | {k: v for k, v in changed.items() if v is not None})

@@ -27,13 +27,14 @@ import torch
 from tabulate import tabulate
 from torch.utils.benchmark import Timer
 
-from benchmarks.workload import BOS_ID, DTYPES, PRESETS, eos_id
-from common.batches import random_batch
+from benchmarks.workload import DTYPES, TIMING_PRESETS
 from common.cli import Parser, device_or_exit, positive
 from common.config import TransformerConfig
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
+from common.random_batch import random_batch
+from seq2seq.data.ids import BOS_ID, timing_eos_id
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from variants import build
 
 EAGER = "eager"
@@ -47,7 +48,7 @@ class StaticDecodeSettings:
 
     device: torch.device  # where the model and batch live
     dtype: torch.dtype  # the model's dtype
-    preset: str  # benchmarks.workload.PRESETS
+    preset: str  # benchmarks.workload.TIMING_PRESETS
     batch: int  # sources decoded at once
     src_len: int  # source ids per row
     max_len: int  # ids per row, BOS included
@@ -91,11 +92,11 @@ def decoders(settings: StaticDecodeSettings, model: torch.nn.Module, src: torch.
 def time_decoders(settings: StaticDecodeSettings) -> list[list[object]]:
     """A row per decoder: name, ms per decode, ms per step, tok/s, warm-up s, same tokens (as
     its search's baseline)."""
-    config = TransformerConfig(**PRESETS[settings.preset].fields)
+    config = TransformerConfig(**TIMING_PRESETS[settings.preset].fields)
     model = build("fused", config, seed=0).to(settings.device, settings.dtype).eval()
     batch = random_batch(config, settings.batch, settings.src_len, 1)
     src, src_mask = batch.src.to(settings.device), batch.src_mask.to(settings.device)
-    ids = dict(max_len=settings.max_len, bos_id=BOS_ID, eos_id=eos_id(config))
+    ids = dict(max_len=settings.max_len, bos_id=BOS_ID, eos_id=timing_eos_id(config))
     expected, rows = None, []
     for name, decode in decoders(settings, model, src, src_mask, ids).items():
         started = time.perf_counter()
@@ -117,7 +118,7 @@ def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
     parser = Parser(prog="python -m benchmarks.static_decode", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    parser.add_argument("--preset", choices=list(PRESETS), default="base")
+    parser.add_argument("--preset", choices=list(TIMING_PRESETS), default="base")
     parser.add_argument("--batch", type=positive(int), default=8)
     parser.add_argument("--src-len", type=positive(int), default=64)
     parser.add_argument("--max-len", type=positive(int), default=65, help="ids per row, BOS included")
@@ -133,7 +134,7 @@ def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
     parser.add_argument("--log-probs", action="store_true",
                         help="each greedy row with the argmax of the log-probs too (the lever)")
     args = parser.parse_args(argv)
-    config = TransformerConfig(**PRESETS[args.preset].fields)
+    config = TransformerConfig(**TIMING_PRESETS[args.preset].fields)
     if args.freezing and all(mode == EAGER for mode in args.modes):
         parser.error(f"--freezing applies to compiled modes only: give --modes a torch.compile mode too, "
                      f"got --modes {' '.join(args.modes)}")

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from benchmarks.dropout_masks import inductor_with_aten_masks
-from benchmarks.workload import BOS_ID, eos_id
-from common.batches import Batch
-from seq2seq.decoding.beam import BEAM_SIZE, beam_search
-from seq2seq.decoding.greedy import greedy_decode
+from common.random_batch import Batch
+from seq2seq.data.ids import BOS_ID, timing_eos_id
+from seq2seq.search.beam import BEAM_SIZE, beam_search
+from seq2seq.search.greedy import greedy_decode
 
 Autocast = Callable[[], contextlib.AbstractContextManager]  # a fresh precision region per call
 
@@ -80,7 +80,7 @@ def decode_step(model: nn.Module, batch: Batch, max_len: int,
                 ) -> Callable[[], Tensor]:
     """Greedy decoding of the batch's sources, ``max_len`` ids per row counting BOS; with the
     model's key/value cache where it has one, unless ``use_cache`` is False."""
-    eos = eos_id(model.config)
+    eos = timing_eos_id(model.config)
 
     def step() -> Tensor:
         with autocast():
@@ -94,7 +94,7 @@ def beam_step(model: nn.Module, batch: Batch, max_len: int,
               autocast: Autocast = contextlib.nullcontext) -> Callable[[], Tensor]:
     """Beam search (beam 4, alpha 0.6) of the batch's sources: the best hypotheses' ids, at
     most ``max_len`` per row counting BOS."""
-    eos = eos_id(model.config)
+    eos = timing_eos_id(model.config)
 
     def step() -> Tensor:
         with autocast():

@@ -21,10 +21,10 @@ from tabulate import tabulate
 from benchmarks.breakdown import GROUPS, coverage, profile_train_step
 from benchmarks.machine import settle_threads
 from benchmarks.plot import matplotlib_problem, path_problem
-from benchmarks.workload import DTYPES, PRESETS
-from common.batches import random_batch
+from benchmarks.workload import DTYPES, TIMING_PRESETS
 from common.cli import Parser, device_or_exit, positive
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import VARIANTS, build
 
 STEPS = ("eager", "compiled")
@@ -33,7 +33,7 @@ DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m benchmarks.time_breakdown", description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=list(PRESETS), default="tiny")
+    parser.add_argument("--preset", choices=list(TIMING_PRESETS), default="tiny")
     parser.add_argument("--batch", type=positive(int), help="batch size (default: the preset's)")
     parser.add_argument("--length", type=positive(int),
                         help="source and target length (default: the preset's)")
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     if choice and choice.line:
         print(f"{parser.prog}: {choice.line}", file=sys.stderr)
     torch.set_num_threads(threads)
-    fields, batch, length = PRESETS[args.preset]
+    fields, batch, length = TIMING_PRESETS[args.preset]
     batch, length = args.batch or batch, args.length or length
     config = TransformerConfig(**fields)
     data = random_batch(config, batch, length, length, device=device)

@@ -7,17 +7,9 @@ from typing import NamedTuple
 
 import torch
 
-from common.config import PRESETS as NAMED_MODELS
-from common.config import TransformerConfig
+from common.config import MODEL_PRESETS, TransformerConfig
 
-BOS_ID = 1  # pad is 0 in every preset; EOS is the last target id (eos_id)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def eos_id(config: TransformerConfig) -> int:
-    """The id that ends a decoded sequence: the last target id. With the random weights a
-    benchmark runs, rows seldom choose it, so decoding runs to its length."""
-    return config.tgt_vocab_size - 1
 
 
 class Preset(NamedTuple):
@@ -28,14 +20,14 @@ class Preset(NamedTuple):
     length: int  # default source (and target) length
 
 
-PRESETS: dict[str, Preset] = {
+TIMING_PRESETS: dict[str, Preset] = {
     "tiny": Preset(dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, src_vocab_size=1000,
                         tgt_vocab_size=1000, max_seq_len=128), 4, 16),
     "small": Preset(dict(d_model=256, n_heads=8, n_layers=3, d_ff=1024, src_vocab_size=8000,
                          tgt_vocab_size=8000, max_seq_len=256), 8, 64),
     "base": Preset(dict(), 8, 128),
     # the paper's Table 3 models as common.config names them: paper-base, paper-big (tied)
-    **{name: Preset(dataclasses.asdict(config), 8, 128) for name, config in NAMED_MODELS.items()},
+    **{name: Preset(dataclasses.asdict(config), 8, 128) for name, config in MODEL_PRESETS.items()},
 }
 
 

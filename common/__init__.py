@@ -4,5 +4,5 @@ config (``TransformerConfig``), masks, positions (the sinusoid table), checks (i
 cache (the key/value cache of incremental decoding), probes (the points two models are compared
 at, and the hooks that capture them; the finder itself is the checker's, ``variants.check``),
 interface (``EncoderDecoder``, the interface every variant implements), weights (canonical
-weights and their maps), batches (random batches) and cli (helpers for the command lines).
+weights and their maps), random_batch (a padded batch of random ids) and cli (helpers for the command lines).
 """

@@ -72,7 +72,7 @@ class TransformerConfig:
 
 # The paper's Table 3 models, by name: shared embeddings over a 37,000-token vocabulary
 # (the paper's shared BPE vocabulary is "about 37000"; its exact size is not published).
-PRESETS: dict[str, TransformerConfig] = {
+MODEL_PRESETS: dict[str, TransformerConfig] = {
     "paper-base": TransformerConfig(share_embeddings=True),  # 512/8/6/2048, P_drop 0.1
     "paper-big": TransformerConfig(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3,
                                    share_embeddings=True),

@@ -13,6 +13,8 @@ Generating docs:
 
     side_by_side    docs/side-by-side.html and .md: each concept's equation above the three styles' code
     architecture    docs/images/architecture.svg: Figure 1's boxes, each linked to the styles' code
+    concept_map     the README's concept map read: each row's symbols as the source defines them
+                    (what side_by_side and architecture draw)
 
 Running the device checks:
 

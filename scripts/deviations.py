@@ -9,7 +9,7 @@ Where a departure is a re-parametrisation it is applied as an exact edit of the 
 weights (e.g. scaling scores by sqrt(D) instead of sqrt(Dh) == scaling W_q by 1/sqrt(H)); where
 it is another formula, the model's own modules are swapped for the source's (found by type on
 the built model) or, for the mask fill value, the model's one fill is given the source's number.
-The batch is ``common.batches.random_batch`` (4 sequences, 12 source and 10 target tokens, row r
+The batch is ``common.random_batch.random_batch`` (4 sequences, 12 source and 10 target tokens, row r
 ends in r padding tokens); the fill-value rows also empty one source row (all padding).
 """
 
@@ -23,10 +23,10 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from common.batches import random_batch
 from common.cli import Parser, first_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
+from common.random_batch import random_batch
 from common.weights import export_weights, import_weights
 from variants import build
 

@@ -36,9 +36,9 @@ from common.weights import transfer
 from seq2seq.data.corpus import normalize
 from seq2seq.data.ids import BOS_ID, EOS_ID
 from seq2seq.data.subwords import Vocabulary
-from seq2seq.decoding.beam import BEAM_SIZE, EXTRA_LENGTH, beam_search
-from seq2seq.decoding.greedy import greedy_decode
-from seq2seq.translation import load_translation_model
+from seq2seq.pipeline import load_translation_model
+from seq2seq.search.beam import BEAM_SIZE, EXTRA_LENGTH, beam_search
+from seq2seq.search.greedy import greedy_decode
 from variants import build
 
 PE_FILE = "positional_encoding.png"
@@ -161,7 +161,7 @@ def cross_attention(model: nn.Module, vocabulary: Vocabulary, sentence: str, bea
                     normalization: str = "NFKC") -> CrossAttention:
     """Every decoder layer's cross-attention while ``model`` (any variant) translates ``sentence``.
 
-    The sentence is normalised and translated as ``seq2seq.translation.translate`` does it
+    The sentence is normalised and translated as ``seq2seq.pipeline.translate`` does it
     (beam search, or greedy for ``beam_size`` 1); the translation is then fed back (BOS and
     the pieces produced, teacher-forced), and each layer's attention weights are read from a
     mathfirst copy of the model (``attention_map``, on the inputs its cross-attention receives).

@@ -14,9 +14,9 @@ import sys
 import torch
 from torch import nn
 
-from common.batches import random_batch
 from common.cli import Parser, positive
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import VARIANTS, build
 
 

@@ -6,14 +6,14 @@ deployment, with the commands users type at the top.
     training/     recipe (schedule, Adam, smoothed loss), trainer (exact resume), distributed
                   (DDP), checkpoint (checkpoints and model files), averaging (paper section 6.1),
                   run (a run driven to its end: fresh or resumed, progress bar, checkpoints)
-    decoding/     the teaching decoders: strategy (what every search shares: the next-token
+    search/       the teaching decoders: strategy (what every search shares: the next-token
                   step, eval mode, argument checks), greedy, beam (the paper's beam search)
     fast/         the fast decoding path: static_search (greedy and beam over a fixed-shape
                   cache, for torch.compile and CUDA graphs), onednn (packed oneDNN linears);
-                  it uses private torch APIs, and decoding/ never imports it
+                  it uses private torch APIs, and search/ never imports it
     evaluation    held-out accuracy of the synthetic tasks; corpus BLEU and chrF
-    translation   the translation pipeline: settings and presets, a run in minutes or steps,
-                  translate and evaluate text
+    pipeline      the translation pipeline: settings and presets, a run in minutes or steps,
+                  translate and evaluate text (``translate_sentences``, ``evaluate``)
     deploy/       export_config (the config beside an export, the source checks), onnx_runtime,
                   ctranslate (the exporters and their runtimes as decode rows)
 
@@ -22,7 +22,10 @@ deployment, with the commands users type at the top.
     average       python -m seq2seq.average (average a run's last checkpoints)
     decode        python -m seq2seq.decode (a saved model's held-out accuracy)
 
-The subpackages never import the top-level modules: ``evaluation`` and ``translation`` join
+A command is named for what a user does (train, translate, average, decode), a library for what
+it holds (training/, pipeline, averaging, search/), so that no two names can be taken for one.
+
+The subpackages never import the top-level modules: ``evaluation`` and ``pipeline`` join
 them, and the commands are thin shells over all of it. Everything here reaches a variant only
 through ``variants.build`` and the shared interface (``encode``, ``decode``, ``project``, and
 the public export stages of a variant that has them), so it works the same for every registered

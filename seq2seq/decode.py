@@ -20,8 +20,8 @@ from common.cli import Parser, device_or_exit, one_line, positive
 from common.masks import padding_mask
 from seq2seq.data import ids
 from seq2seq.data.tasks import TaskData
-from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import accuracy_line, held_out_accuracy, held_out_batch
+from seq2seq.search.greedy import greedy_decode
 from seq2seq.training.checkpoint import build_model, load
 from variants import VARIANTS
 

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from common.masks import padding_mask
 from seq2seq.data.ids import BOS_ID, EOS_ID
 from seq2seq.data.tasks import TaskData, sample_batch
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.search.greedy import greedy_decode
 
 HELD_OUT_SEED_OFFSET = 2**31  # the held-out generator's seed is the training stream's plus this
 
@@ -132,7 +132,7 @@ def _sacrebleu_metrics():
 
 
 def score_lines(scores: dict[int, Scores]) -> list[str]:
-    """The report of ``seq2seq.translation.evaluate``'s scores: BLEU and chrF per beam size (1 is
+    """The report of ``seq2seq.pipeline.evaluate``'s scores: BLEU and chrF per beam size (1 is
     greedy), then the two sacreBLEU signatures."""
     lines = [f"{'greedy' if size == 1 else f'beam {size}':<8} BLEU {s.bleu:5.2f}  chrF {s.chrf:5.2f}"
              for size, s in scores.items()]

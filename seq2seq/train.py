@@ -9,7 +9,7 @@ reporting held-out exact-sequence accuracy of greedy decoding; or on a real corp
 
 It parses the options once, filling each one not given from ``TASK_DEFAULTS`` (the synthetic
 tasks) or the ``--preset`` (translation); the run is ``seq2seq.training.run``'s (or
-``seq2seq.translation.run_translation``); rank 0 prints its remarks and bar on stderr and its
+``seq2seq.pipeline.run_translation``); rank 0 prints its remarks and bar on stderr and its
 report on stdout.
 """
 
@@ -29,11 +29,11 @@ from seq2seq.data.corpus import CorpusSettings
 from seq2seq.data.ids import PAD_ID
 from seq2seq.data.tasks import TaskBatches, TaskData
 from seq2seq.evaluation import accuracy_line, held_out_accuracy, loss_line
+from seq2seq.pipeline import TRAINING_PRESETS, run_translation
 from seq2seq.training import distributed, run
 from seq2seq.training.distributed import World
 from seq2seq.training.recipe import Recipe
 from seq2seq.training.run import RunError, RunSettings, list_checkpoints
-from seq2seq.translation import PRESETS, run_translation
 from variants import VARIANTS
 
 TRANSLATE = "translate"
@@ -60,7 +60,7 @@ def defaults(task: str, preset: str) -> dict[str, object]:
     translation preset's settings."""
     if task != TRANSLATE:
         return TASK_DEFAULTS
-    return {option: getattr(PRESETS[preset], field) for field, option in PRESET_OPTIONS.items()}
+    return {option: getattr(TRAINING_PRESETS[preset], field) for field, option in PRESET_OPTIONS.items()}
 
 
 def _default(option: str, text: str = "") -> str:
@@ -126,7 +126,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              help="a manythings.org export: fra-eng.zip or its fra.txt")
     translation.add_argument("--max-words", type=positive(int), default=None, metavar="N",
                              help="keep English sentences of at most N words (default 8)")
-    translation.add_argument("--preset", choices=tuple(PRESETS), default=None,
+    translation.add_argument("--preset", choices=tuple(TRAINING_PRESETS), default=None,
                              help="model, batches and recipe sized for a 2-core CPU or one GPU")
     translation.add_argument("--batch-tokens", type=positive(int), default=None,
                              help="source + target positions per step, padding included")
@@ -206,7 +206,7 @@ def _translation_args(parser: Parser, args: argparse.Namespace) -> None:
         parser.error(f"--data {args.data}: no such file")
     try:
         args.corpus = CorpusSettings(str(args.data), max_words=args.max_words, split_seed=0)
-        args.translation = PRESETS[args.preset].replace(
+        args.translation = TRAINING_PRESETS[args.preset].replace(
             **{field: getattr(args, option) for field, option in PRESET_OPTIONS.items()})
         args.recipe = args.translation.recipe()
         args.config = args.translation.config()  # the model's, built once
@@ -221,7 +221,7 @@ def note(line: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse; join the process group (under torchrun); train (``seq2seq.training.run``, or
-    ``seq2seq.translation.run_translation``); print the report (rank 0 only). A run that cannot
+    ``seq2seq.pipeline.run_translation``); print the report (rank 0 only). A run that cannot
     go on ends with status 1 and one line (rank 0)."""
     args = parse_args(argv)
     if args.threads is not None:
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                 if world.is_main:
                     note(run.header(settings, trainer, f"{args.task}, {args.steps} steps of {args.batch} "
                                                        "sequences"))
-                losses, seconds = run.train(settings, trainer, progress=progress)
+                losses, seconds = run.run_with_checkpoints(settings, trainer, progress=progress)
                 accuracy = held_out_accuracy(trainer.model, args.data, args.eval_size) if world.is_main else 0
                 lines = [loss_line(losses, seconds), accuracy_line(accuracy, args.eval_size, args.task)]
         except RunError as error:

@@ -9,7 +9,7 @@ may end in LF, CRLF or a lone CR); each translation is printed on its own line, 
 blank input line giving a blank output line. Beam search (beam 4, alpha 0.6) by default,
 ``--beam 1`` for greedy decoding. ``--score`` instead reports test BLEU and chrF, greedy and
 beam 4, on the test split of the corpus the model was trained on (the path its settings name,
-or ``--data``). A thin shell over ``seq2seq.translation``.
+or ``--data``). A thin shell over ``seq2seq.pipeline``.
 
     python -m seq2seq.translate runs/fr/average.pt --score --data fra-eng.zip
 """
@@ -27,10 +27,10 @@ from common.checks import check_number
 from common.cli import Parser, device_or_exit, one_line, positive
 from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
 from seq2seq.data.subwords import Vocabulary
-from seq2seq.decoding.beam import ALPHA, BEAM_SIZE
 from seq2seq.evaluation import score_lines
+from seq2seq.pipeline import evaluate, load_translation_model, translate_sentences
+from seq2seq.search.beam import ALPHA, BEAM_SIZE
 from seq2seq.training.checkpoint import ModelFile
-from seq2seq.translation import evaluate, load_translation_model, translate
 from variants import VARIANTS
 
 PROG = "python -m seq2seq.translate"
@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     # one output line per input line, a blank one included (translated as a blank line)
     sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
     try:
-        translations = translate(model, vocabulary, sentences, beam_size=args.beam, alpha=args.alpha,
-                                 normalization=normalization)
+        translations = translate_sentences(model, vocabulary, sentences, beam_size=args.beam,
+                                           alpha=args.alpha, normalization=normalization)
     except ValueError as error:  # a sentence longer than the model reads
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     for line in translations:

@@ -1,6 +1,6 @@
 """Shared test helpers: a small config, random canonical weights, model pairs.
 
-Batches come from ``common.batches.random_batch``, which tests, scripts and benchmarks share
+Batches come from ``common.random_batch.random_batch``, which tests, scripts and benchmarks share
 (it keeps padding where its layout puts it for any ``pad_id``).
 """
 

@@ -94,7 +94,7 @@ def test_imports_point_down(path):
 
 @pytest.mark.parametrize(("layer", "source", "complaint"), [
     ("common", "from variants import build", "common may not import variants"),
-    ("common", "def f():\n    from seq2seq.decoding.greedy import greedy_decode",
+    ("common", "def f():\n    from seq2seq.search.greedy import greedy_decode",
      "common may not import seq2seq"),
     ("variants/explicit", "from variants.einsum.model import Transformer", "no variant imports another"),
     ("seq2seq", "from variants.mathfirst import components", "use variants.build"),
@@ -332,7 +332,7 @@ def fence_violations(path: Path, programs: set[str], root: Path = ROOT) -> list[
     - a program (a command) is a leaf: no module imports one (tests aside, which run them);
     - the checker (``variants.check``) is loaded only when asked for: nothing outside it imports
       it, but the registry (``variants/__init__.py``), and that only inside a function;
-    - the teaching decoders (``seq2seq.decoding``) never import the fast path (``seq2seq.fast``).
+    - the teaching decoders (``seq2seq.search``) never import the fast path (``seq2seq.fast``).
     """
     where = path.relative_to(root)
     name = module_name(path, root)
@@ -347,7 +347,7 @@ def fence_violations(path: Path, programs: set[str], root: Path = ROOT) -> list[
                 if name != "variants" or line in top:
                     problems.append(f"{where}:{line} imports {target} (the checker loads only when "
                                     "asked for)")
-            elif target.startswith("seq2seq.fast") and name.startswith("seq2seq.decoding"):
+            elif target.startswith("seq2seq.fast") and name.startswith("seq2seq.search"):
                 problems.append(f"{where}:{line} imports {target} (the teaching decoders stay off the "
                                 "fast path)")
             else:
@@ -372,9 +372,9 @@ def test_fences_hold(path):
 
 @pytest.mark.parametrize(("where", "source", "complaint"), [
     ("benchmarks/run.py", "from benchmarks.gemm_paths import main", "a program is a leaf"),
-    ("seq2seq/translation.py", "from variants.check.battery import run_battery", "the checker loads"),
+    ("seq2seq/pipeline.py", "from variants.check.battery import run_battery", "the checker loads"),
     ("variants/__init__.py", "from variants.check.outside import build_outside", "the checker loads"),
-    ("seq2seq/decoding/greedy.py", "from seq2seq.fast.onednn import with_onednn_linears",
+    ("seq2seq/search/greedy.py", "from seq2seq.fast.onednn import with_onednn_linears",
      "off the fast path"),
 ])
 def test_a_fence_crossing_is_caught(tmp_path, where, source, complaint):

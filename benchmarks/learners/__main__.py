@@ -63,7 +63,7 @@ from common.cli import (
     write_probe,
 )
 from seq2seq.data.corpus import CorpusSettings
-from seq2seq.translation import PRESETS
+from seq2seq.pipeline import TRAINING_PRESETS
 from variants import VARIANTS
 
 PROG = "python -m benchmarks.learners"
@@ -89,7 +89,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
                         help="training time of the first row; its steps become every row's budget")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), metavar="NAME",
                         help=f"the rows, explicit first (default: {' '.join(VARIANTS)})")
-    parser.add_argument("--preset", choices=tuple(PRESETS), default="cpu")
+    parser.add_argument("--preset", choices=tuple(TRAINING_PRESETS), default="cpu")
     for field, (option, kind) in OVERRIDES.items():
         parser.add_argument(option, type=kind, default=None, dest=field,
                             help=f"TranslationSettings.{field} (default: the preset's)")
@@ -131,11 +131,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Learn
     overrides = {field: getattr(args, field) for field in OVERRIDES if getattr(args, field) is not None}
     if args.steps is not None or args.minutes is not None:
         overrides |= {"minutes": args.minutes,
-                      "steps": args.steps if args.steps is not None else PRESETS[args.preset].steps}
+                      "steps": args.steps if args.steps is not None else TRAINING_PRESETS[args.preset].steps}
     try:
         settings = LearnersSettings(
             CorpusSettings(str(args.data), max_words=args.max_words),
-            PRESETS[args.preset].replace(**overrides), variants=tuple(args.variants), seed=args.seed,
+            TRAINING_PRESETS[args.preset].replace(**overrides), variants=tuple(args.variants), seed=args.seed,
             dtype=args.dtype, device=args.device, test_sentences=args.test_sentences)
     except (TypeError, ValueError) as error:
         parser.error(one_line(error))

@@ -2,7 +2,7 @@
 same batches, for the same number of steps; then each row's validation loss, test BLEU (greedy
 and beam 4), training speed, and the share of test sentences it translates exactly as explicit.
 
-    settings = LearnersSettings(CorpusSettings("fra-eng.zip"), PRESETS["cpu"].replace(steps=1000))
+    settings = LearnersSettings(CorpusSettings("fra-eng.zip"), TRAINING_PRESETS["cpu"].replace(steps=1000))
     data = prepare(settings)                          # corpus, vocabulary, encoded splits, config
     result = run_learners(settings, data, on_row=lambda r: save(as_json(r)))
     print(markdown_report(result))
@@ -47,15 +47,15 @@ from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, lo
 from seq2seq.data.ids import PAD_ID
 from seq2seq.data.subwords import Vocabulary, train_vocabulary
 from seq2seq.evaluation import corpus_scores
-from seq2seq.training.recipe import StepReport
-from seq2seq.training.trainer import Trainer, seed_dropout
-from seq2seq.translation import (
+from seq2seq.pipeline import (
     TranslationSettings,
     train_translation,
     training_sentences,
-    translate,
+    translate_sentences,
     validation_loss,
 )
+from seq2seq.training.recipe import StepReport
+from seq2seq.training.trainer import Trainer, seed_dropout
 from variants import REFERENCE, VARIANTS, build
 
 BASELINE = "explicit"  # the row whose translations the others are compared with; it runs first
@@ -217,7 +217,7 @@ def score_learner(model: nn.Module, learning: Learning, data: LearnerData, setti
                   baseline: Learner | None = None) -> Learner:
     """``learning`` with its model's validation loss and test scores, greedy and beam 4, and the
     share of test sentences translated exactly as ``baseline`` (None: this row is the baseline)."""
-    translations = {size: tuple(translate(model, data.vocabulary, [e.source for e in data.test],
+    translations = {size: tuple(translate_sentences(model, data.vocabulary, [e.source for e in data.test],
                                           beam_size=size, normalization=settings.corpus.normalization))
                     for size in (1, BEAM_SIZE)}
     references = [example.references for example in data.test]

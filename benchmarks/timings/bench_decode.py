@@ -16,7 +16,7 @@ import torch
 
 from benchmarks.steps import DECODE_MODES, decode_steps
 from benchmarks.timings.bench_speed import CONFIG, DEVICES, model_on, synchronised
-from common.batches import random_batch
+from common.random_batch import random_batch
 from variants import REFERENCE, VARIANTS, build
 
 SHAPES = [(8, 32)]  # (batch, src_len)

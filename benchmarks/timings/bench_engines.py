@@ -18,7 +18,7 @@ from benchmarks.engines import EngineSettings, engine_rows
 from benchmarks.steps import decode_step
 from benchmarks.timings.bench_decode import MAX_LEN, SHAPES
 from benchmarks.timings.bench_speed import CONFIG, model_on
-from common.batches import random_batch
+from common.random_batch import random_batch
 from variants import REFERENCE, build
 
 pytest.importorskip("onnxruntime", reason="the deploy extra is not installed")

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from benchmarks.steps import forward_step
-from benchmarks.workload import PRESETS
-from common.batches import random_batch
+from benchmarks.workload import TIMING_PRESETS
 from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import build
 
-CONFIG = TransformerConfig(**PRESETS["small"].fields)
+CONFIG = TransformerConfig(**TIMING_PRESETS["small"].fields)
 RANGE_CHECK = {"every call": contextlib.nullcontext, "checked once, outside": ids_range_checked}
 
 pytestmark = [pytest.mark.gpu,

@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from benchmarks.steps import forward_backward, forward_step
-from benchmarks.workload import PRESETS, forward_flops, train_flops
-from common.batches import random_batch
+from benchmarks.workload import TIMING_PRESETS, forward_flops, train_flops
 from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from common.weights import transfer
 from variants import REFERENCE, VARIANTS, build
 
-CONFIG = TransformerConfig(**PRESETS["small"].fields)
+CONFIG = TransformerConfig(**TIMING_PRESETS["small"].fields)
 SHAPES = [(8, 32, 32), (4, 128, 128)]  # (batch, src_len, tgt_len)
 DEVICES = [
     "cpu",

@@ -3,7 +3,7 @@
 
     export_ctranslate2(model, "ct2-model", bos_id=1, eos_id=V - 1)
     engine = CTranslate2Model("ct2-model", compute_type="int8")
-    tokens = engine.greedy(src, max_len=20)            # (B, L), as seq2seq.decoding.greedy.greedy_decode
+    tokens = engine.greedy(src, max_len=20)            # (B, L), as seq2seq.search.greedy.greedy_decode
     best = engine.beam(src, max_len=20, alpha=0.6)     # Hypotheses: tokens (B, L), scores (B,)
 
 Ids become the token strings ``"<id>"``. What the spec sets explicitly, because CTranslate2's
@@ -23,7 +23,7 @@ defaults differ from the suite's function:
   ``max_input_length=0`` (default 1024 truncates); ``return_end_token`` to tell EOS from the
   length limit.
 
-Beam search differs from seq2seq.decoding.beam in its length penalty and its stopping rule: a
+Beam search differs from seq2seq.search.beam in its length penalty and its stopping rule: a
 hypothesis scores log P / |Y|^alpha (|Y| the generated ids, EOS included), not
 GNMT's ((5 + |Y|) / 6)^alpha, and the search runs until ``beam_size`` hypotheses have finished.
 ``beam`` returns CTranslate2's best hypothesis and its own score (docs/deployment.md).
@@ -51,9 +51,9 @@ from common.checks import check_int, check_number
 from common.config import TransformerConfig
 from common.positions import sinusoid_table
 from common.weights import export_weights
-from seq2seq.decoding.beam import Hypotheses
-from seq2seq.decoding.strategy import check_arguments
 from seq2seq.deploy.export_config import check_source_ids, load_config, real_lengths, save_config
+from seq2seq.search.beam import Hypotheses
+from seq2seq.search.strategy import check_arguments
 
 COMPUTE_TYPES = ("float32", "int8")  # the precisions the decode rows run: the weights' own, and int8
 
@@ -181,7 +181,7 @@ def export_ctranslate2(model: nn.Module, directory: str | Path, *, bos_id: int, 
 
 class CTranslate2Model:
     """A saved export, loaded by ``ctranslate2.Translator`` on the CPU; decodes (B, S) id tensors
-    into the layout of seq2seq.decoding.greedy and seq2seq.decoding.beam."""
+    into the layout of seq2seq.search.greedy and seq2seq.search.beam."""
 
     def __init__(self, directory: str | Path, *, compute_type: str = "float32", threads: int = 1) -> None:
         if compute_type not in COMPUTE_TYPES:
@@ -257,9 +257,9 @@ class CTranslate2Model:
 
     def beam(self, src: Tensor, *, max_len: int, beam_size: int = 4, alpha: float = 0.6) -> Hypotheses:
         """CTranslate2's beam search: its best hypothesis of each source and its score,
-        log P / |Y|^alpha (see the module docstring for how this differs from seq2seq.decoding.beam)."""
+        log P / |Y|^alpha (see the module docstring for how this differs from seq2seq.search.beam)."""
         check_int("beam_size", beam_size, low=1)
-        check_number("alpha", alpha, low_closed=True)  # as seq2seq.decoding.beam refuses it
+        check_number("alpha", alpha, low_closed=True)  # as seq2seq.search.beam refuses it
         self._run_checks(src, max_len)
         if (bos := self._bos_only(src, max_len)) is not None:
             return Hypotheses(bos, torch.zeros(src.shape[0]))

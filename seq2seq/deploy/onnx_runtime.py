@@ -23,7 +23,7 @@ past keys' symbolic length, and the path is the supported one. ``exporter="torch
 the legacy tracer, deprecated in torch 2.9 and slated for removal, which gives the same graphs'
 function (the tests prove both) about ten times faster; it records the position through
 traced shape ops. ``OnnxRuntimeModel`` gives the sessions the interface that
-seq2seq.decoding.strategy.NextToken steps (``encode``, ``start_cache``, ``decode_step``, ``project``), so
+seq2seq.search.strategy.NextToken steps (``encode``, ``start_cache``, ``decode_step``, ``project``), so
 greedy decoding and beam search are the suite's own code, unchanged.
 
 Shape legend:

@@ -2,7 +2,7 @@
 and "onednn", next to ONNX Runtime and CTranslate2): greedy decoding and beam search over a
 fixed-shape static cache, for torch.compile and CUDA graphs, and the decoder's linears on
 oneDNN's packed product. It gives the tokens and hypotheses of the teaching decoders in
-``seq2seq.decoding`` (and its tests prove it), faster, at the cost of reading less plainly.
+``seq2seq.search`` (and its tests prove it), faster, at the cost of reading less plainly.
 
     static_search  StaticNextToken (one static step per call, compiled or eager), StaticGreedy
                    and StaticBeam (decoders built once, called per batch), static_greedy_decode
@@ -18,7 +18,7 @@ and ``torch.ops.mkldnn._reorder_linear_weight`` (oneDNN's packed product and its
 in onednn. The model must have a static step (``start_static_cache``/``static_step``:
 ``variants.fused``).
 
-It builds on ``seq2seq.decoding`` (the shared checks and next-token contract of
-``seq2seq.decoding.strategy``, beam search's ``search``); the teaching decoders in
-``seq2seq.decoding`` never import it, so they read without it.
+It builds on ``seq2seq.search`` (the shared checks and next-token contract of
+``seq2seq.search.strategy``, beam search's ``search``); the teaching decoders in
+``seq2seq.search`` never import it, so they read without it.
 """

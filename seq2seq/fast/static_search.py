@@ -1,6 +1,6 @@
 """Greedy decoding and beam search on a static-shape cached step, compiled: the same tokens as
-``seq2seq.decoding.greedy.greedy_decode`` and the same hypotheses as
-``seq2seq.decoding.beam.beam_search``.
+``seq2seq.search.greedy.greedy_decode`` and the same hypotheses as
+``seq2seq.search.beam.beam_search``.
 
     decode = StaticGreedy(model.eval(), max_len=20, bos_id=1, eos_id=2,
                           onednn=True)          # CPU float32; on CUDA compile_mode="reduce-overhead"
@@ -46,9 +46,9 @@ from torch import Tensor, nn
 
 from common.cache import batch_first
 from common.checks import ids_range_checked
-from seq2seq.decoding.beam import ALPHA, BEAM_SIZE, Hypotheses, search
-from seq2seq.decoding.strategy import check_arguments, check_beam_arguments, check_source, eval_mode
 from seq2seq.fast.onednn import with_onednn_linears
+from seq2seq.search.beam import ALPHA, BEAM_SIZE, Hypotheses, search
+from seq2seq.search.strategy import check_arguments, check_beam_arguments, check_source, eval_mode
 
 STATIC_METHODS = ("start_static_cache", "static_step")
 

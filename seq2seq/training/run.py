@@ -4,7 +4,7 @@ written when due (the newest N kept), and a last one where a time budget stopped
 
     settings = RunSettings("explicit", steps=300, checkpoint_dir=Path("runs/a"), save_every=100)
     trainer = start(settings, TaskBatches(data), config, Recipe(warmup=100))
-    losses, seconds = train(settings, trainer, progress=sys.stderr)
+    losses, seconds = run_with_checkpoints(settings, trainer, progress=sys.stderr)
 
 Prints nothing of its own: the bar goes to the stream the caller names, and a run that cannot go
 on raises ``RunError`` with a one-line message for the command to print.
@@ -179,9 +179,11 @@ def progress_bar(steps: int, done: int = 0, minutes: float | None = None, *,
         yield show
 
 
-def train(settings: RunSettings, trainer: Trainer, run: Callable[[OnStep], list[float]] | None = None, *,
-          progress: TextIO | None = None, minutes: float | None = None, every_step: OnStep | None = None,
-          vocabulary: torch.Tensor | None = None) -> tuple[list[float], float]:
+def run_with_checkpoints(settings: RunSettings, trainer: Trainer,
+                         run: Callable[[OnStep], list[float]] | None = None, *,
+                         progress: TextIO | None = None, minutes: float | None = None,
+                         every_step: OnStep | None = None,
+                         vocabulary: torch.Tensor | None = None) -> tuple[list[float], float]:
     """``run(on_step)`` (by default ``trainer.run(settings.steps, on_step)``) to its end, then the
     losses and the seconds it took.
 

@@ -235,7 +235,7 @@ def _schedule_state_problems(stored: object, fresh: dict, step: int) -> list[str
     return problems
 
 
-def train(
+def train_steps(
     model: nn.Module,
     batches: Iterator[tuple[Tensor, Tensor]],
     steps: int,

@@ -16,7 +16,7 @@ from benchmarks.bandwidth import (
     read_bandwidth,
     step_weight_bytes,
 )
-from benchmarks.workload import PRESETS
+from benchmarks.workload import TIMING_PRESETS
 from common.config import TransformerConfig
 from tests.helpers import small_config
 from variants import build
@@ -41,7 +41,7 @@ def test_step_bytes_are_the_decoder_and_generator_parameters_but_the_cross_kv_pr
 def test_the_base_model_reads_164_mb_per_step_at_batch_8():
     """By the architecture: per decoder layer 4 self-attention and 2 cross-attention (D x D + D)
     projections, the feed-forward 2DF + F + D, three norms 2D each; a final norm; V(D + 1)."""
-    config = TransformerConfig(**PRESETS["base"].fields)
+    config = TransformerConfig(**TIMING_PRESETS["base"].fields)
     d, f, v, n = config.d_model, config.d_ff, config.tgt_vocab_size, config.n_layers
     decoder = n * (6 * (d * d + d) + 2 * d * f + f + d + 3 * 2 * d) + 2 * d
     counted = step_weight_bytes(config, torch.float32, batch=8)

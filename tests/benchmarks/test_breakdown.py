@@ -10,8 +10,8 @@ from torch.autograd import DeviceType
 
 from benchmarks.breakdown import GROUPS, coverage, group_of, grouped, profile_train_step
 from benchmarks.dropout_masks import KEEP_MASK_OP
-from common.batches import random_batch
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import build
 
 CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=1, d_ff=64, src_vocab_size=40,

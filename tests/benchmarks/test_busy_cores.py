@@ -35,7 +35,7 @@ from benchmarks.report import block_result, meta, row_result
 from benchmarks.run import CONTROL
 from benchmarks.settings import Settings
 from benchmarks.timing import Peak
-from benchmarks.workload import PRESETS, Shape
+from benchmarks.workload import TIMING_PRESETS, Shape
 from common.config import TransformerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -218,7 +218,7 @@ def timed_cell(rounds: list[float]) -> Cell:
 
 
 STEADY, UNSTEADY = [1.0, 1.01, 0.99], [1.0, 1.0, 3.0]
-TINY_CONFIG = TransformerConfig(**PRESETS["tiny"].fields)
+TINY_CONFIG = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
 
 
 def report_with(rounds: dict[str, dict[str, list[float]]], cores: dict | None = None,

@@ -16,10 +16,11 @@ from benchmarks.ratios import paired_ratio, round_orders
 from benchmarks.render import render
 from benchmarks.run import run
 from benchmarks.settings import Settings
-from benchmarks.workload import BOS_ID, PRESETS, Shape, eos_id, forward_flops
-from common.batches import random_batch
+from benchmarks.workload import TIMING_PRESETS, Shape, forward_flops
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from compare import main, parse_args
+from seq2seq.data.ids import BOS_ID, timing_eos_id
 from variants import REFERENCE, VARIANTS, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -178,7 +179,7 @@ def test_compile_reports_compile_time_and_speed_up_over_eager_of_a_correct_model
 def test_max_seq_len_lets_a_preset_run_longer_sequences():
     settings, _ = parse_args(["--preset", "tiny", "--max-seq-len", "300", "--src-len", "260",
                               "--tgt-len", "3", "--batch", "1", "--decode-len", "1"])
-    assert settings.config == TransformerConfig(**PRESETS["tiny"].fields).replace(max_seq_len=300)
+    assert settings.config == TransformerConfig(**TIMING_PRESETS["tiny"].fields).replace(max_seq_len=300)
     assert settings.shapes == (Shape(1, 260, 3),)
     model = build("explicit", settings.config, seed=0).eval()
     logp = model(*random_batch(settings.config, *settings.shapes[0]).inputs())
@@ -245,7 +246,7 @@ def without_warning(text: str) -> str:
 
 def tiny_settings(**changes) -> Settings:
     """The library called directly: one small block, one short round, no progress bar."""
-    fields = dict(config=TransformerConfig(**PRESETS["tiny"].fields), shapes=(Shape(2, 8, 6),),
+    fields = dict(config=TransformerConfig(**TIMING_PRESETS["tiny"].fields), shapes=(Shape(2, 8, 6),),
                   preset="tiny", rounds=1, min_run_time=0.01, decode_len=1, threads=1,
                   keep_freed_memory=False, show_progress=False)
     return Settings(**{**fields, **changes})
@@ -268,7 +269,7 @@ def test_the_seed_range_is_one_every_consumer_of_the_seed_takes(seed):
     rounds' orders and the intervals' resampling."""
     settings, _ = parse_args(["--preset", "tiny", "--seed", str(seed)])
     assert settings.seed == seed
-    config = TransformerConfig(**PRESETS["tiny"].fields)
+    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
     build(REFERENCE, config, seed=seed)
     random_batch(config, 2, 3, 3, seed=seed)
     assert len(round_orders(["explicit", "torch"], 2, seed)) == 2
@@ -358,10 +359,10 @@ def test_decode_columns_rates_ratios_and_cache_bytes():
 
 
 def test_decoding_ends_at_the_last_target_id():
-    config = TransformerConfig(**PRESETS["tiny"].fields)  # 1000 target ids
-    assert eos_id(config) == 999
-    assert eos_id(config.replace(tgt_vocab_size=40, src_vocab_size=40)) == 39
-    assert eos_id(config) != BOS_ID and config.pad_id not in (BOS_ID, eos_id(config))
+    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)  # 1000 target ids
+    assert timing_eos_id(config) == 999
+    assert timing_eos_id(config.replace(tgt_vocab_size=40, src_vocab_size=40)) == 39
+    assert timing_eos_id(config) != BOS_ID and config.pad_id not in (BOS_ID, timing_eos_id(config))
 
 
 def titles(text: str) -> str:

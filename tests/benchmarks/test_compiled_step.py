@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks.dropout_masks import KEEP_MASK_OP
 from benchmarks.steps import CompiledModel, compiled, forward_backward, forward_step
-from common.batches import random_batch
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from tests.helpers import FLOAT64_TOL
 from variants import build
 

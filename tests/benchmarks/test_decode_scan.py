@@ -12,7 +12,7 @@ import torch
 import benchmarks.decode_scan as decode_scan
 from benchmarks.bandwidth import Bandwidth, step_weight_bytes
 from benchmarks.decode_scan import DVGenerator, main
-from benchmarks.workload import PRESETS
+from benchmarks.workload import TIMING_PRESETS
 from common.config import TransformerConfig
 from common.weights import import_weights
 from tests.helpers import random_canonical, small_config
@@ -66,7 +66,7 @@ def test_each_row_puts_its_cached_step_against_weight_bytes_over_bandwidth(monke
                         lambda settings: Bandwidth(1e9, 2**20, settings.threads, measurement=None))
     assert main([*TINY, "--max-len", "5"]) == 0
     out = capsys.readouterr().out
-    config = TransformerConfig(**PRESETS["tiny"].fields)
+    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
     weights = step_weight_bytes(config, torch.float32, batch=2).total
     assert f"limit: {weights / 1e6:.1f} MB of weights per step / 1.00 GB/s read" in out
     rows = table(out)
@@ -80,7 +80,7 @@ def test_bfloat16_halves_the_weight_bytes_and_the_levers_are_named(capsys):
     assert main([*TINY, "--max-len", "3", "--variant", "fused", "--static", "--generator-layout", "dv",
                  "--decode-dtype", "bfloat16"]) == 0
     out = capsys.readouterr().out
-    config = TransformerConfig(**PRESETS["tiny"].fields)
+    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
     halved = step_weight_bytes(config, torch.float32, batch=2).total / 2
     assert f"limit: {halved / 1e6:.1f} MB of weights per step" in out
     assert "fused, preset tiny, bfloat16" in out and "cached step: static, generator dv, eager" in out

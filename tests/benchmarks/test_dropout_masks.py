@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from benchmarks import compile_masks
 from benchmarks.dropout_masks import inductor_with_aten_masks, keep_mask
 from benchmarks.steps import forward_backward
-from common.batches import random_batch
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from tests.helpers import FLOAT64_TOL
 from variants import build
 

@@ -19,9 +19,9 @@ from benchmarks.run import CONTROL, Block, build_engine_rows, run
 from benchmarks.settings import Settings
 from benchmarks.steps import autocast_region
 from benchmarks.timing import Peak
-from benchmarks.workload import PRESETS, Shape
-from common.batches import random_batch
+from benchmarks.workload import TIMING_PRESETS, Shape
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from compare import parse_args
 from seq2seq.deploy import onnx_runtime
 from tests.benchmarks.test_busy_cores import timed_cell
@@ -140,7 +140,7 @@ def test_compare_builds_each_engine_row_with_its_precision_and_threads(monkeypat
 
 # --- the compact table with engine rows -----------------------------------------------------------
 
-BASE = TransformerConfig(**PRESETS["base"].fields)
+BASE = TransformerConfig(**TIMING_PRESETS["base"].fields)
 IDS_PER_CALL = 8 * 15  # batch 8, 16 ids a row counting BOS
 
 

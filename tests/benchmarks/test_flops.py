@@ -16,8 +16,8 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from benchmarks.workload import forward_flops, train_flops
-from common.batches import random_batch
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import VARIANTS, build
 
 # S != T and every size distinct, so a formula that swaps two of them counts something else

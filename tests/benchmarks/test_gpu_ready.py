@@ -14,10 +14,10 @@ import torch
 import benchmarks.failures
 from benchmarks.timing import float32_matmul_precision
 from benchmarks.timings.bench_speed import synchronised
-from benchmarks.workload import PRESETS, Shape, small_shape_warning
-from common.batches import random_batch
+from benchmarks.workload import TIMING_PRESETS, Shape, small_shape_warning
 from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ def test_the_float32_matmul_precision_follows_torchs_setting():
     ("tiny", torch.bfloat16, True), ("small", torch.float32, True), ("small", torch.bfloat16, False),
     ("base", torch.float32, False)])
 def test_a_cuda_shape_too_small_to_be_compute_bound_is_named(preset, dtype, warned):
-    fields, batch, length = PRESETS[preset]
+    fields, batch, length = TIMING_PRESETS[preset]
     config, shape = TransformerConfig(**fields), Shape(batch, length, length)
     warning = small_shape_warning(config, shape, dtype)
     assert (warning is not None) == warned

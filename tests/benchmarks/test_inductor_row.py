@@ -10,12 +10,12 @@ import torch
 from benchmarks.engines import EngineSettings, engine_rows
 from benchmarks.render import render
 from benchmarks.run import run
-from benchmarks.workload import BOS_ID, eos_id
-from common.batches import random_batch
+from common.random_batch import random_batch
 from common.weights import transfer
 from compare import parse_args
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.data.ids import BOS_ID, timing_eos_id
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from tests.benchmarks.test_compare import tiny_settings
 from variants import build
 
@@ -38,7 +38,7 @@ def test_a_fast_path_row_decodes_the_reference_weights_tokens(engine, tmp_path):
     assert (row.label, row.compiles) == (f"{engine} float32", engine == "inductor")
     fused = build("fused", settings.config)
     transfer(reference, fused)
-    ids = dict(max_len=5, bos_id=BOS_ID, eos_id=eos_id(settings.config))
+    ids = dict(max_len=5, bos_id=BOS_ID, eos_id=timing_eos_id(settings.config))
     src, src_mask = batch.src, batch.src_mask
     assert torch.equal(row.steps["decode"](), greedy_decode(fused.eval(), src, src_mask, **ids))
     assert torch.equal(row.steps["beam"](), beam_search(fused, src, src_mask, **ids).tokens)

@@ -19,12 +19,12 @@ from benchmarks.run import Block, count_decoded_ids, measure_memory, record_comp
 from benchmarks.settings import Settings
 from benchmarks.steps import forward_backward, forward_step
 from benchmarks.timing import MatmulPeak, time_step
-from benchmarks.workload import PRESETS, Shape, gemm_shapes
-from common.batches import random_batch
+from benchmarks.workload import TIMING_PRESETS, Shape, gemm_shapes
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from variants import build
 
-TINY = TransformerConfig(**PRESETS["tiny"].fields)
+TINY = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
 
 
 def test_the_peak_candidates_are_the_models_gemms_and_one_large_square():

@@ -38,7 +38,7 @@ def test_the_learners_table_compares_every_row_with_the_first(sample_corpus, mon
             "torch": ("a b", "c d", "e f", "z")}
     monkeypatch.setattr(learners_study, "train_learner",
                         lambda variant, *a, **k: (variant, Learning(variant, (1.0,), (1.0,), 10)))
-    monkeypatch.setattr(learners_study, "translate", lambda model, *a, **k: list(said[model]))
+    monkeypatch.setattr(learners_study, "translate_sentences", lambda model, *a, **k: list(said[model]))
     monkeypatch.setattr(learners_study, "validation_loss", lambda *a, **k: 0.0)
     test = tuple(Example(f"s{i}", (text,)) for i, text in enumerate(said["explicit"]))
     settings = settings_for(sample_corpus, variants=("explicit", "fused", "torch"))

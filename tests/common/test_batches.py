@@ -1,4 +1,4 @@
-"""``common.batches.random_batch`` keeps its docstring's promise for any ``pad_id``.
+"""``common.random_batch.random_batch`` keeps its docstring's promise for any ``pad_id``.
 
 Padding stands exactly at the trailing positions (row r ends in r pads, every row keeps a real
 source token and a real first target token), and no real position holds the pad id: with a
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.batches import random_batch
 from common.masks import decoder_mask, padding_mask
+from common.random_batch import random_batch
 from tests.helpers import small_config
 
 VOCAB = 7  # small, so that across many draws every id, the pad id included, would come up

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from common.batches import random_batch
 from common.masks import causal_mask, decoder_mask, mask_scores, padding_mask
+from common.random_batch import random_batch
 from tests.helpers import reference_and, small_config
 
 

@@ -11,8 +11,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from common.batches import random_batch
 from common.probes import Probe, capture, probe_points, resolve_probes
+from common.random_batch import random_batch
 from tests.helpers import FLOAT64_TOL, seeded, small_config
 from variants import VARIANTS
 from variants.explicit.model import Transformer as Explicit

@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from common.config import PRESETS
+from common.config import MODEL_PRESETS
 from common.weights import (
     TIED,
     canonical_shapes,
@@ -57,7 +57,7 @@ def test_share_embeddings_needs_one_vocabulary_and_names_both_sizes():
 
 
 def test_the_papers_table_3_models_are_named_in_the_config_module():
-    base, big = PRESETS["paper-base"], PRESETS["paper-big"]
+    base, big = MODEL_PRESETS["paper-base"], MODEL_PRESETS["paper-big"]
     assert (base.d_model, base.n_heads, base.n_layers, base.d_ff, base.dropout) == (512, 8, 6, 2048, 0.1)
     assert (big.d_model, big.n_heads, big.n_layers, big.d_ff, big.dropout) == (1024, 16, 6, 4096, 0.3)
     for config in (base, big):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.batches import random_batch
+from common.random_batch import random_batch
 from common.weights import (
     canonical_shapes,
     export_weights,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.batches import random_batch
 from common.masks import decoder_mask
+from common.random_batch import random_batch
 from tests.helpers import FLOAT64_TOL, reference_and, small_config
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 

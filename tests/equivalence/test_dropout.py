@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common.batches import random_batch
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from common.weights import export_gradients, export_weights, import_weights
 from tests.helpers import FLOAT64_TOL, random_canonical, small_config
 from variants import REFERENCE, VARIANTS, build

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.batches import random_batch
 from common.config import TransformerConfig
+from common.random_batch import random_batch
 from common.weights import export_gradients
 from tests.equivalence.test_dropout import DROPOUT_CONFIGS
 from tests.helpers import FLOAT64_TOL, reference_and, small_config

@@ -11,8 +11,8 @@ import torch
 from benchmarks import low_precision
 from benchmarks.low_precision import CONFIG as LOW_PRECISION_CONFIG
 from benchmarks.low_precision import MEASURED
-from common.batches import random_batch
 from common.masks import padding_mask
+from common.random_batch import random_batch
 from common.weights import export_gradients, export_weights, import_weights, transfer
 from tests.helpers import FLOAT64_TOL, small_config
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build

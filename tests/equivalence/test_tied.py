@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.batches import Batch, random_batch
+from common.random_batch import Batch, random_batch
 from common.weights import TIED, export_gradients, export_weights, import_weights
 from tests.common.test_tied_weights import TIED_CONFIG, USES
 from tests.helpers import FLOAT64_TOL, LOSSES_TOL, random_canonical

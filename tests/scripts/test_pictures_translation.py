@@ -19,8 +19,8 @@ from scripts.pictures import cross_attention
 from seq2seq.data.corpus import normalize
 from seq2seq.data.ids import BOS_ID, EOS_ID
 from seq2seq.data.subwords import VocabularySettings, train_vocabulary
+from seq2seq.pipeline import TranslationSettings, translate_sentences
 from seq2seq.training.checkpoint import ModelFile, save
-from seq2seq.translation import TranslationSettings, translate
 from tests.seq2seq.conftest import sample_pairs
 from variants import build
 
@@ -43,7 +43,7 @@ def test_the_weights_are_each_layers_cross_attention_over_the_pieces(vocabulary)
     # the labels: sentencepiece's own pieces of the sentence, then EOS
     processor = sentencepiece.SentencePieceProcessor(model_proto=vocabulary.model_proto)
     assert picture.source_pieces == [*processor.encode(SENTENCE, out_type=str), "</s>"]
-    assert picture.translation == translate(model, vocabulary, [SENTENCE], beam_size=1)[0]
+    assert picture.translation == translate_sentences(model, vocabulary, [SENTENCE], beam_size=1)[0]
     produced = [processor.piece_to_id(piece) for piece in picture.target_pieces]
     assert processor.decode([i for i in produced if i != EOS_ID]) == picture.translation
     assert EOS_ID not in produced[:-1]

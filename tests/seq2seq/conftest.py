@@ -15,7 +15,7 @@ from common.weights import export_weights, import_weights
 from seq2seq.data import tasks
 from seq2seq.data.tasks import task_batches
 from seq2seq.training.recipe import Recipe
-from seq2seq.training.trainer import train
+from seq2seq.training.trainer import train_steps
 from variants import build
 
 
@@ -46,7 +46,7 @@ def copy_model() -> CopyModel:
                                src_vocab_size=10, tgt_vocab_size=10, max_seq_len=10)
     model = build("torch", config, seed=0)
     batches = task_batches("copy", 32, vocab_size=10, min_len=1, max_len=8, seed=0)
-    train(model, batches, steps=150, recipe=Recipe(warmup=50, lr_factor=1.5))
+    train_steps(model, batches, steps=150, recipe=Recipe(warmup=50, lr_factor=1.5))
     src, _ = tasks.sample_batch("copy", 64, vocab_size=10, min_len=1, max_len=8,
                                 generator=torch.Generator().manual_seed(1))
     return CopyModel(config, export_weights(model), src)

@@ -18,15 +18,15 @@ from seq2seq.data.corpus import SPLITS, CorpusSettings, load_corpus, normalize, 
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabulary
 from seq2seq.evaluation import corpus_scores
-from seq2seq.training.checkpoint import ModelFile, _digest, build_model, load, save
-from seq2seq.training.trainer import Trainer
-from seq2seq.translation import (
+from seq2seq.pipeline import (
     TranslationSettings,
     evaluate,
     train_translation,
     training_sentences,
-    translate,
+    translate_sentences,
 )
+from seq2seq.training.checkpoint import ModelFile, _digest, build_model, load, save
+from seq2seq.training.trainer import Trainer
 from tests.seq2seq.conftest import write_export
 from variants import build
 
@@ -305,12 +305,13 @@ def test_a_model_file_translates_without_its_corpus(sample_corpus, corpus, vocab
     checkpoint = dataclasses.replace(trainer.checkpoint("explicit"), vocabulary=vocabulary.to_tensor())
     path = save(checkpoint, tmp_path / "model.pt")
     sentences = ["The cat sees the sea.", "Help!"]
-    expected = translate(trainer.model, vocabulary, sentences, beam_size=2)
+    expected = translate_sentences(trainer.model, vocabulary, sentences, beam_size=2)
     record = load(path)  # nothing else: the vocabulary comes from the file
     model = build_model(record, "fused")
-    assert translate(model, Vocabulary.from_tensor(record.vocabulary), sentences, beam_size=2) == expected
-    assert translate(model, Vocabulary.from_tensor(record.vocabulary), sentences) == \
-        translate(trainer.model, vocabulary, sentences)
+    stored = Vocabulary.from_tensor(record.vocabulary)
+    assert translate_sentences(model, stored, sentences, beam_size=2) == expected
+    assert translate_sentences(model, Vocabulary.from_tensor(record.vocabulary), sentences) == \
+        translate_sentences(trainer.model, vocabulary, sentences)
 
 
 def test_a_model_file_without_the_vocabulary_field_still_loads(tmp_path):

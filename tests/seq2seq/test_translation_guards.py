@@ -20,19 +20,19 @@ from torch import Tensor, nn
 from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.weights import export_weights
-from seq2seq import average, translate, translation
+from seq2seq import average, pipeline, translate
 from seq2seq.data.batches import EncodedPairs, within
 from seq2seq.data.corpus import CorpusSettings, Example, load_corpus, read_pairs
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.data.subwords import VocabularySettings, train_vocabulary
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import corpus_scores
+from seq2seq.pipeline import TranslationModel, training_sentences
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from seq2seq.training.averaging import average_files
 from seq2seq.training.checkpoint import ModelFile, load, save
 from seq2seq.training.recipe import StepReport
 from seq2seq.training.run import checkpoint_path, progress_bar
-from seq2seq.translation import TranslationModel, training_sentences
 from variants import build
 
 # --- the corpus file --------------------------------------------------------------------------
@@ -127,7 +127,7 @@ def test_evaluate_reads_every_reference_not_only_the_first(echo):
     expected_chrf = CHRF().corpus_score(hypotheses, [first, second]).score
     only_first = BLEU().corpus_score(hypotheses, [first]).score
     assert only_first < 10.0 < expected_bleu < 100.0  # the case tells the two apart
-    scores = translation.evaluate(model, vocabulary, examples, beam_sizes=(1, 2))
+    scores = pipeline.evaluate(model, vocabulary, examples, beam_sizes=(1, 2))
     for size in (1, 2):
         assert scores[size].bleu == pytest.approx(expected_bleu, abs=1e-9)
         assert scores[size].chrf == pytest.approx(expected_chrf, abs=1e-9)
@@ -183,21 +183,21 @@ SENTENCES = ["the cat sees the house.", "Run!", "my father likes a song and the 
 @pytest.mark.parametrize("beam_size", [1, 3])
 def test_translations_come_back_in_input_order(echo, beam_size):
     model, vocabulary = echo
-    out = translation.translate(model, vocabulary, SENTENCES, beam_size=beam_size, batch_size=2)
+    out = pipeline.translate_sentences(model, vocabulary, SENTENCES, beam_size=beam_size, batch_size=2)
     assert out == SENTENCES  # sorted by length inside, returned in the order given
 
 
 def test_user_input_is_normalised_as_the_corpus_was(echo):
     model, vocabulary = echo
     sentences = ["  Cours\u202f!", "Au   secours\u00a0!", "mon pe\u0300re voit la mer."]
-    out = translation.translate(model, vocabulary, sentences)
+    out = pipeline.translate_sentences(model, vocabulary, sentences)
     assert out == [normal(s) for s in sentences] == ["Cours !", "Au secours !", "mon père voit la mer."]
 
 
 def test_a_blank_sentence_gives_a_blank_line_in_its_place(echo, monkeypatch, capsys):
     model, vocabulary = echo
     before = model.encoded_rows
-    out = translation.translate(model, vocabulary, ["Run!", "", "  ", "a bird."])
+    out = pipeline.translate_sentences(model, vocabulary, ["Run!", "", "  ", "a bird."])
     assert out == ["Run!", "", "", "a bird."]
     assert model.encoded_rows - before == 2  # the blank ones never reach the model
     monkeypatch.setattr(translate, "load_translation_model",
@@ -211,13 +211,13 @@ def test_a_blank_sentence_gives_a_blank_line_in_its_place(echo, monkeypatch, cap
 def test_a_batch_size_below_one_is_refused(echo, batch_size):
     model, vocabulary = echo
     with pytest.raises(ValueError, match=rf"batch_size must be at least 1, got {batch_size}"):
-        translation.translate(model, vocabulary, ["Run!", "Help!"], batch_size=batch_size)
+        pipeline.translate_sentences(model, vocabulary, ["Run!", "Help!"], batch_size=batch_size)
 
 
 def test_validation_loss_of_no_pairs_and_decoding_an_unknown_id_are_refused(echo):
     model, vocabulary = echo
     with pytest.raises(ValueError, match="no pairs"):
-        translation.validation_loss(model, EncodedPairs([], []))
+        pipeline.validation_loss(model, EncodedPairs([], []))
     size = vocabulary.size
     with pytest.raises(ValueError, match=rf"row 1 holds id {size}, outside .*\[0, {size}\)"):
         vocabulary.decode([[5, 6], [5, vocabulary.size]])

@@ -11,8 +11,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
-from common.batches import random_batch
 from common.masks import causal_mask
+from common.random_batch import random_batch
 from tests.helpers import small_config
 from variants import build
 

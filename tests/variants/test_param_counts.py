@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.config import PRESETS, TransformerConfig
+from common.config import MODEL_PRESETS, TransformerConfig
 from variants import build
 
 
@@ -27,10 +27,10 @@ def expected_count(config: TransformerConfig) -> int:
 
 
 @pytest.mark.parametrize(("config", "count"), [
-    pytest.param(PRESETS["paper-base"], 63_121_544, id="paper-base"),
-    pytest.param(PRESETS["paper-big"], 214_286_472, id="paper-big"),
-    pytest.param(PRESETS["paper-base"].replace(share_embeddings=False), 101_009_544, id="base-untied"),
-    pytest.param(PRESETS["paper-big"].replace(share_embeddings=False), 290_062_472, id="big-untied"),
+    pytest.param(MODEL_PRESETS["paper-base"], 63_121_544, id="paper-base"),
+    pytest.param(MODEL_PRESETS["paper-big"], 214_286_472, id="paper-big"),
+    pytest.param(MODEL_PRESETS["paper-base"].replace(share_embeddings=False), 101_009_544, id="base-untied"),
+    pytest.param(MODEL_PRESETS["paper-big"].replace(share_embeddings=False), 290_062_472, id="big-untied"),
 ])
 def test_table_3_parameter_counts(variant, config, count):
     assert expected_count(config) == count

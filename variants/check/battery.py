@@ -33,11 +33,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from common.batches import Batch, random_batch
 from common.cli import error_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.probes import Probe, resolve_probes
+from common.random_batch import Batch, random_batch
 from common.weights import canonical_shapes, export_gradients, export_weights, import_weights, init_canonical
 from variants import REFERENCE, SpecError, build
 from variants.check import sites

@@ -27,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from common.batches import random_batch
 from common.config import TransformerConfig
 from common.probes import probe_points, resolve_probes
+from common.random_batch import random_batch
 
 P = 0.3  # not the common default 0.1, so a dropout wired to a constant shows
 WEIGHTS, OUTPUT, HIDDEN, EMBEDDINGS = ("attention weights", "output, before the residual", "hidden layer",

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from common.batches import random_batch
 from common.config import TransformerConfig
 from common.probes import Probe, probe_points
+from common.random_batch import random_batch
 from common.weights import Param, canonical_shapes
 
 PROJECTIONS = ("wq", "wk", "wv", "wo")

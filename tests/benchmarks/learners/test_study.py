@@ -24,13 +24,13 @@ from benchmarks.learners.study import (
     run_study,
     train_learner,
 )
-from common.batches import random_batch
+from common.random_batch import random_batch
 from common.weights import export_weights
 from seq2seq.data.batches import TokenBatches
 from seq2seq.data.corpus import CorpusSettings
 from seq2seq.data.ids import PAD_ID
+from seq2seq.pipeline import TranslationSettings
 from seq2seq.training.trainer import Trainer, seed_dropout
-from seq2seq.translation import TranslationSettings
 from tests.helpers import small_config
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 

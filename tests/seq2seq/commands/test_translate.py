@@ -16,7 +16,7 @@ import torch
 
 from common.config import TransformerConfig
 from common.weights import export_weights
-from seq2seq import average, train, translate, translation
+from seq2seq import average, pipeline, train, translate
 from seq2seq.data.corpus import CorpusSettings, load_corpus
 from seq2seq.data.subwords import Vocabulary
 from seq2seq.training.checkpoint import ModelFile, load, save
@@ -58,11 +58,11 @@ def test_bad_translate_options_fail_in_one_line(sample_corpus, capsys, argv, sai
 
 def test_the_preset_gives_the_defaults_and_options_override_it(sample_corpus):
     args = train.parse_args(["--task", "translate", "--data", str(sample_corpus.path), "--d-ff", "64"])
-    assert args.translation == train.PRESETS["cpu"].replace(d_ff=64)
+    assert args.translation == train.TRAINING_PRESETS["cpu"].replace(d_ff=64)
     assert args.config.share_embeddings and args.config.d_ff == 64
     assert args.corpus == CorpusSettings(str(sample_corpus.path), max_words=8)
     gpu = train.parse_args(["--task", "translate", "--data", str(sample_corpus.path), "--preset", "gpu"])
-    assert gpu.translation == train.PRESETS["gpu"]
+    assert gpu.translation == train.TRAINING_PRESETS["gpu"]
     plain = train.parse_args([])  # the synthetic task keeps its own defaults
     assert plain.d_model == 64 and not plain.share_embeddings and plain.steps == 300
 
@@ -71,15 +71,15 @@ def test_the_command_parses_once_and_builds_the_translation_config_once(sample_c
     """One parse fills every option not given from the preset, and the model's config is built
     once, from the settings, with the requested vocabulary size on both sides."""
     built, parses = [], []
-    real, real_parse = translation.TransformerConfig, argparse.ArgumentParser.parse_known_args
-    monkeypatch.setattr(translation, "TransformerConfig",
+    real, real_parse = pipeline.TransformerConfig, argparse.ArgumentParser.parse_known_args
+    monkeypatch.setattr(pipeline, "TransformerConfig",
                         lambda **fields: built.append(fields) or real(**fields))
     monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args",  # what parse_args calls
                         lambda self, *a, **k: parses.append(a) or real_parse(self, *a, **k))
     args = train.parse_args(["--task", "translate", "--data", str(sample_corpus.path), "--vocab", "120"])
     assert len(parses) == 1 and len(built) == 1, (parses, built)
     assert args.config == real(**built[0]) and args.config.src_vocab_size == args.config.tgt_vocab_size == 120
-    assert args.config.d_model == train.PRESETS["cpu"].d_model  # the preset's, not the tasks' 64
+    assert args.config.d_model == train.TRAINING_PRESETS["cpu"].d_model  # the preset's, not the tasks' 64
 
 
 def test_translate_refuses_a_missing_file_and_a_model_without_vocabulary(tmp_path, capsys):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from common.masks import padding_mask
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.search.greedy import greedy_decode
 from tests.seq2seq.deploy.test_engines import BOS, EOS, MAX_LEN, held_out, small_config, suite_model, weights
 
 ctranslate = pytest.importorskip("seq2seq.deploy.ctranslate", reason="the deploy extra is not installed")

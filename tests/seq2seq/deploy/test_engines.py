@@ -13,12 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.batches import random_batch
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
+from common.random_batch import random_batch
 from common.weights import import_weights, init_canonical
-from seq2seq.decoding.beam import beam_search, length_penalty
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.search.beam import beam_search, length_penalty
+from seq2seq.search.greedy import greedy_decode
 from variants import build
 
 ctranslate = pytest.importorskip(

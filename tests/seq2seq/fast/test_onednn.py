@@ -10,10 +10,10 @@ from torch import nn
 
 from common.masks import padding_mask
 from seq2seq.data import tasks
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.fast.onednn import OneDnnLinear, with_onednn_linears
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from tests.helpers import small_config
 from variants import build
 

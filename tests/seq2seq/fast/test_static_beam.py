@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from common.batches import random_batch
 from common.masks import padding_mask
+from common.random_batch import random_batch
 from seq2seq.data import tasks
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy, static_beam_search
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from tests.helpers import FLOAT64_TOL, small_config
 from variants import build
 

@@ -12,16 +12,16 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from common.batches import random_batch
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
+from common.random_batch import random_batch
 from common.weights import export_weights
 from seq2seq.data import tasks
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy, StaticNextToken, static_greedy_decode
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from tests.helpers import FLOAT64_TOL, small_config
-from tests.seq2seq.decoding.test_greedy import ScriptedModel
+from tests.seq2seq.search.test_greedy import ScriptedModel
 from variants import build
 
 PAD, BOS, EOS = 0, 1, 2

@@ -229,7 +229,7 @@ def test_keep_checkpoints_zero_or_none_keeps_every_checkpoint(keep, tmp_path):
     settings = RunSettings("explicit", steps=3, checkpoint_dir=tmp_path, save_every=1, keep_checkpoints=keep)
     data = TaskData("copy", 4, 19, 1, 5, 0)
     trainer = run.start(settings, TaskBatches(data), CONFIG, RECIPE)
-    run.train(settings, trainer)
+    run.run_with_checkpoints(settings, trainer)
     assert list_checkpoints(tmp_path) == [checkpoint_path(tmp_path, step) for step in (1, 2, 3)]
 
 

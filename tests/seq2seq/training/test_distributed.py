@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from common.batches import random_batch
+from common.random_batch import random_batch
 from common.weights import export_weights
 from seq2seq.data.tasks import task_batches
 from seq2seq.training.checkpoint import build_model, load, load_checkpoint, save
@@ -36,7 +36,7 @@ from seq2seq.training.distributed import (
 )
 from seq2seq.training.recipe import Recipe
 from seq2seq.training.run import checkpoint_path, list_checkpoints
-from seq2seq.training.trainer import Trainer, seed_dropout, train
+from seq2seq.training.trainer import Trainer, seed_dropout, train_steps
 from tests.helpers import small_config
 from variants import VARIANTS, build
 
@@ -85,7 +85,7 @@ def _train_variants(world: World, names: tuple[str, ...], out_dir: Path) -> None
         model = build(name, small_config(dropout=0.0), seed=0).double()
         rows = []  # the sources each forward pass sees: this rank's shard, not the whole batch
         model.register_forward_pre_hook(lambda module, args, rows=rows: rows.append(len(args[0])))
-        losses = train(model, _batches(), STEPS, RECIPE, world=world)
+        losses = train_steps(model, _batches(), STEPS, RECIPE, world=world)
         torch.save({"weights": export_weights(model), "losses": losses, "rows": rows},
                    out_dir / f"{name}-{world.rank}.pt")
 
@@ -95,7 +95,7 @@ def check_ddp_equals_one_process(names: tuple[str, ...], tmp_path: Path) -> None
     for name in names:
         start = build(name, small_config(dropout=0.0), seed=0).double()
         initial = export_weights(start)
-        losses = train(start, _batches(), STEPS, RECIPE)  # one process, the whole batch
+        losses = train_steps(start, _batches(), STEPS, RECIPE)  # one process, the whole batch
         single = export_weights(start)
         ranks = [torch.load(tmp_path / f"{name}-{rank}.pt", weights_only=True) for rank in (0, 1)]
         assert [ranks[0]["rows"], ranks[1]["rows"]] == [[4] * STEPS, [3] * STEPS], name

@@ -11,7 +11,7 @@ import functools
 import pytest
 import torch
 
-from common.batches import random_batch
+from common.random_batch import random_batch
 from seq2seq.training.distributed import SINGLE, World, replicate
 from seq2seq.training.trainer import seed_dropout
 from tests.helpers import small_config

@@ -19,7 +19,7 @@ from common.weights import export_gradients, export_weights
 from seq2seq.data import tasks
 from seq2seq.data.tasks import task_batches
 from seq2seq.training.recipe import Recipe, learning_rate, make_optimizer, smoothed_loss_sum, train_step
-from seq2seq.training.trainer import train
+from seq2seq.training.trainer import train_steps
 from tests.helpers import FLOAT64_TOL, small_config
 from variants import VARIANTS, build
 
@@ -173,5 +173,5 @@ def test_train_uses_the_recipes_smoothing_and_the_configs_padding():
     model = build(VARIANTS[0], config, seed=0).double()
     src, tgt = task_batch(config.pad_id)
     expected = teacher_forcing_loss(copy.deepcopy(model), src, tgt, config.pad_id, 0.3)
-    (loss,) = train(model, iter([(src, tgt)]), steps=1, recipe=Recipe(label_smoothing=0.3))
+    (loss,) = train_steps(model, iter([(src, tgt)]), steps=1, recipe=Recipe(label_smoothing=0.3))
     assert loss == pytest.approx(expected.item(), rel=1e-12)

@@ -15,7 +15,7 @@ from seq2seq.data.tasks import task_batches
 from seq2seq.evaluation import exact_match_accuracy, held_out_batch
 from seq2seq.train import parse_args
 from seq2seq.training.recipe import Recipe
-from seq2seq.training.trainer import Trainer, train
+from seq2seq.training.trainer import Trainer, train_steps
 from tests.helpers import random_canonical, small_config
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 
@@ -36,7 +36,7 @@ def test_twenty_steps_in_lockstep_with_torch(name, norm_first):
         model.double()
         # the shared vocabulary 19 fits both of small_config's (23 and 19)
         batches = task_batches("reverse", 6, vocab_size=19, min_len=1, max_len=9, seed=2)
-        losses[model_name] = torch.tensor(train(model, batches, steps=20, recipe=recipe),
+        losses[model_name] = torch.tensor(train_steps(model, batches, steps=20, recipe=recipe),
                                           dtype=torch.float64)
     torch.testing.assert_close(losses[name], losses[REFERENCE], atol=1e-8, rtol=0.0)
     moved = export_weights(model)["decoder.layers.0.ff.w1.weight"] - weights["decoder.layers.0.ff.w1.weight"]
@@ -55,7 +55,7 @@ def test_train_runs_every_step_in_train_mode(variant):
     model.register_forward_pre_hook(lambda module, args: forward_modes.append(module.training))
     batches = (tasks.sample_batch("reverse", 6, vocab_size=19, min_len=1, max_len=7,
                                   generator=torch.Generator().manual_seed(seed)) for seed in range(3))
-    train(model, batches, steps=3, on_step=lambda report: step_modes.append(model.training))
+    train_steps(model, batches, steps=3, on_step=lambda report: step_modes.append(model.training))
     assert forward_modes == [True] * 3 and step_modes == [True] * 3
     assert model.training and all(module.training for module in model.modules())
 
@@ -95,7 +95,7 @@ def test_loss_falls_by_half(variant):
     """About 1.5-4 s per variant on one core. One row runs by default: the lockstep test below ties
     every other row's steps to torch's, so the slow suite runs the rest."""
     model, batches = _copy_setup(variant, d_model=32, d_ff=64, batch=32)
-    losses = train(model, batches, steps=250, recipe=Recipe(warmup=50, lr_factor=1.5))
+    losses = train_steps(model, batches, steps=250, recipe=Recipe(warmup=50, lr_factor=1.5))
     assert all(math.isfinite(loss) for loss in losses)
     assert sum(losses[-10:]) / 10 <= 0.5 * losses[0]
 
@@ -110,6 +110,6 @@ def test_learns_to_copy_held_out_sequences(variant):
     tokens, lengths 1-8) can still coincide with training ones.
     """
     model, batches = _copy_setup(variant, d_model=64, d_ff=128, batch=64)
-    train(model, batches, steps=800, recipe=Recipe(warmup=100, lr_factor=1.0))
+    train_steps(model, batches, steps=800, recipe=Recipe(warmup=100, lr_factor=1.0))
     src, tgt = held_out_batch("copy", 500, vocab_size=10, min_len=1, max_len=8, seed=0)
     assert exact_match_accuracy(model, src, tgt) >= 0.95

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmarks.run import run
-from common.batches import random_batch
+from common.random_batch import random_batch
 from compare import parse_args
 from tests.fixtures.outside import tutorial
 from tests.fixtures.outside.bugs import FIRST_DIVERGENCE

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from common.batches import random_batch
 from common.interface import EncoderDecoder
+from common.random_batch import random_batch
 from tests.fixtures.outside import sublayers, tutorial
 from tests.helpers import FLOAT64_TOL
 from variants import REFERENCE, SpecError, build

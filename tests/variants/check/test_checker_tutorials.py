@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from common.batches import random_batch
 from common.probes import Probe
+from common.random_batch import random_batch
 from common.weights import Param, canonical_shapes, match_patterns
 from tests.fixtures.outside import blocks, residual, sublayers, tutorial
 from variants import REFERENCE, SpecError, build, variant_class

@@ -10,8 +10,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from common.batches import random_batch
 from common.probes import probe_points, resolve_probes
+from common.random_batch import random_batch
 from tests.helpers import seeded, small_config
 from variants.check.divergence import (
     PointDifference,

@@ -10,8 +10,8 @@ from typing import ClassVar
 import pytest
 import torch
 
-from common.batches import random_batch
 from common.interface import EncoderDecoder
+from common.random_batch import random_batch
 from common.weights import check_weight_map, export_weights, import_weights, init_canonical, transfer
 from tests.fixtures.outside import bugs, tutorial
 from tests.helpers import FLOAT64_TOL, small_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.batches import random_batch
+from common.random_batch import random_batch
 from tests.helpers import small_config
 from tests.variants.style.calls import recording
 from variants import build

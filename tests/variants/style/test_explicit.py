@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from common.batches import random_batch
+from common.random_batch import random_batch
 from tests.helpers import small_config
 from tests.variants.style.calls import recording
 from variants import build

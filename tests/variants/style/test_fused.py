@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from common.batches import random_batch
 from common.masks import mask_scores
+from common.random_batch import random_batch
 from common.weights import export_weights, import_weights, transfer
 from tests.helpers import FLOAT64_TOL, random_canonical, small_config
 from variants import build

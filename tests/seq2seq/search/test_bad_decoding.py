@@ -12,8 +12,8 @@ from common.config import TransformerConfig
 from common.masks import padding_mask
 from common.weights import export_weights, import_weights
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from variants import build
 
 CONFIG = TransformerConfig(d_model=16, n_heads=2, n_layers=1, d_ff=16, dropout=0.0,

@@ -2,7 +2,7 @@
 next-token log-probabilities chosen by the test, so that the documented rules and plausible
 wrong ones give different answers.
 
-The rules (seq2seq/decoding/beam.py, docs/decoding.md): a hypothesis that has emitted EOS is finished —
+The rules (seq2seq/search/beam.py, docs/decoding.md): a hypothesis that has emitted EOS is finished —
 it never grows and its score never changes; a source is done when no live hypothesis can beat
 its best finished one even at the length penalty of the longest length it could still reach;
 scores are log P(Y) / ((5 + |Y|) / 6)^α with |Y| counting EOS; beam 1 is greedy; ``max_len=1``
@@ -20,8 +20,8 @@ from torch import Tensor, nn
 
 from common.config import TransformerConfig
 from common.masks import padding_mask
-from seq2seq.decoding.beam import beam_search
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
 from variants import FROM_SCRATCH, REFERENCE, build
 
 PAD, BOS, EOS = 0, 1, 2

@@ -12,7 +12,7 @@ from torch import nn
 from common.config import TransformerConfig
 from common.masks import decoder_mask
 from seq2seq.data import tasks
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.search.greedy import greedy_decode
 from tests.helpers import small_config
 from variants import REFERENCE, build
 

@@ -1,7 +1,7 @@
 """What every search shares (OpenNMT-py's ``decode_strategy`` idea): the cached next-token step
 (``NextToken``), the eval mode a search decodes in (``eval_mode``) and the checks of its
 arguments (``check_arguments``, ``check_beam_arguments``, ``check_source``,
-``check_no_empty_source``). Greedy decoding and beam search (``seq2seq.decoding.greedy``,
+``check_no_empty_source``). Greedy decoding and beam search (``seq2seq.search.greedy``,
 ``.beam``) use them, and so does the fast path (``seq2seq.fast``); nothing here decodes a
 sequence by itself.
 

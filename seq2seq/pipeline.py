@@ -3,7 +3,7 @@ resumable stream of token-counted batches; a run trains for N steps or M minutes
 translates text (greedy or beam) and is scored with corpus BLEU and chrF against every
 reference.
 
-    settings = PRESETS["cpu"]
+    settings = TRAINING_PRESETS["cpu"]
     corpus = load_corpus(CorpusSettings("fra-eng.zip"))                       # seq2seq.data.corpus
     vocabulary = train_vocabulary(training_sentences(corpus), settings.vocabulary_settings())
     data = TranslationData(CorpusSettings("fra-eng.zip"), settings.vocabulary_settings(),
@@ -12,7 +12,7 @@ reference.
     model = build("explicit", settings.config(), seed=0)
     trainer = Trainer(model, batches, settings.recipe())
     train_translation(trainer, settings)                     # up to settings.steps / .minutes
-    translate(model, vocabulary, ["I'm hungry."], beam_size=4)        # ["J'ai faim."]
+    translate_sentences(model, vocabulary, ["I'm hungry."], beam_size=4)        # ["J'ai faim."]
     evaluate(model, vocabulary, corpus.test)                 # {1: Scores(...), 4: Scores(...)}
 
 The batches (``TranslationData``, ``encode_pairs``, ``TokenBatches``) are
@@ -56,15 +56,14 @@ from seq2seq.data.batches import (
 from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus, normalize
 from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
 from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabulary
-from seq2seq.decoding.beam import ALPHA, EXTRA_LENGTH, beam_search
-from seq2seq.decoding.greedy import greedy_decode
 from seq2seq.evaluation import Scores, corpus_scores, loss_line, score_lines
+from seq2seq.search.beam import ALPHA, EXTRA_LENGTH, beam_search
+from seq2seq.search.greedy import greedy_decode
 from seq2seq.training import distributed
 from seq2seq.training.checkpoint import ModelFile, build_model, load
 from seq2seq.training.distributed import SINGLE, World
 from seq2seq.training.recipe import Recipe, StepReport, smoothed_loss_sum
-from seq2seq.training.run import RunError, RunSettings, header, newest_checkpoint, start
-from seq2seq.training.run import train as train_run
+from seq2seq.training.run import RunError, RunSettings, header, newest_checkpoint, run_with_checkpoints, start
 from seq2seq.training.trainer import Trainer
 
 # --- settings ------------------------------------------------------------------------------
@@ -120,7 +119,7 @@ class TranslationSettings:
         return dataclasses.replace(self, **changes)
 
 
-PRESETS: dict[str, TranslationSettings] = {
+TRAINING_PRESETS: dict[str, TranslationSettings] = {
     # a 2-core CPU: a small model, a 4k vocabulary (a cheaper generator and softmax), batches of
     # two thousand tokens, a high peak rate, half an hour of training; no dropout, since half an
     # hour is a few passes over the pairs, too few to overfit, and drawing its masks costs time
@@ -228,11 +227,11 @@ def load_translation_model(path: str | os.PathLike, variant: str | None = None) 
 
 
 @torch.no_grad()
-def translate(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str], *,
+def translate_sentences(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str], *,
               beam_size: int = 1, alpha: float = ALPHA, batch_size: int = 64,
               normalization: str = "NFKC") -> list[str]:
     """The model's translation of each sentence, detokenised: greedy decoding for
-    ``beam_size=1``, else beam search (``seq2seq.decoding.beam``, length penalty ``alpha``).
+    ``beam_size=1``, else beam search (``seq2seq.search.beam``, length penalty ``alpha``).
 
     Each sentence is normalised as the corpus was (``normalization``) and may produce up to
     its length + 50 pieces (section 6.1), within the model's ``max_seq_len``; one that is empty
@@ -286,7 +285,7 @@ def evaluate(model: nn.Module, vocabulary: Vocabulary, examples: Sequence[Exampl
         raise ValueError("no examples to evaluate")
     sources = [example.source for example in examples]
     references = [example.references for example in examples]
-    return {size: corpus_scores(translate(model, vocabulary, sources, beam_size=size, alpha=alpha,
+    return {size: corpus_scores(translate_sentences(model, vocabulary, sources, beam_size=size, alpha=alpha,
                                           batch_size=batch_size, normalization=normalization),
                                 references)
             for size in beam_sizes}
@@ -369,9 +368,9 @@ def run_translation(run: RunSettings, settings: TranslationSettings, corpus_sett
             remark(f"step {report.step} ({report.seconds / 60:.1f} min): valid loss {loss:.4f}, "
                    f"greedy BLEU {scores.bleu:.2f}, chrF {scores.chrf:.2f}")
 
-    losses, seconds = train_run(run, trainer, functools.partial(train_translation, trainer, settings),
-                                progress=progress, minutes=settings.minutes, every_step=validate,
-                                vocabulary=vocabulary.to_tensor())
+    losses, seconds = run_with_checkpoints(
+        run, trainer, functools.partial(train_translation, trainer, settings),
+        progress=progress, minutes=settings.minutes, every_step=validate, vocabulary=vocabulary.to_tensor())
 
     # 4. the report: the test split, greedy and beam 4
     if not world.is_main:

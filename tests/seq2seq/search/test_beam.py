@@ -9,13 +9,13 @@ import math
 import pytest
 import torch
 
-from common.batches import random_batch
 from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
+from common.random_batch import random_batch
 from common.weights import import_weights
 from seq2seq.data import tasks
-from seq2seq.decoding.beam import beam_search, length_penalty
-from seq2seq.decoding.greedy import greedy_decode
+from seq2seq.search.beam import beam_search, length_penalty
+from seq2seq.search.greedy import greedy_decode
 from tests.helpers import FLOAT64_TOL, random_canonical
 from variants import REFERENCE, build
 

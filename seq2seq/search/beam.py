@@ -18,7 +18,7 @@ With ``beam_size=1`` this is greedy decoding: the one extension kept is the most
 and EOS ends the search. With ``max_len=1`` no id fits after BOS: the result is BOS alone, the
 empty hypothesis, scored log 1 / lp(0) = 0, as greedy decoding returns BOS alone.
 
-Batched over B sources x k beams, as B·k rows: the cache (``seq2seq.decoding.strategy.NextToken``) is
+Batched over B sources x k beams, as B·k rows: the cache (``seq2seq.search.strategy.NextToken``) is
 expanded to B·k rows once, then after every step reordered by each surviving hypothesis's
 origin row (``index_select``); no Python loop runs over rows or beams.
 
@@ -35,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
-from seq2seq.decoding.strategy import NextToken, check_beam_arguments, eval_mode
+from seq2seq.search.strategy import NextToken, check_beam_arguments, eval_mode
 
 BEAM_SIZE = 4  # section 6.1
 ALPHA = 0.6  # section 6.1

@@ -11,7 +11,7 @@ batch is finished (or ``max_len`` is reached).
 
 Each step's log-probabilities come from ``NextToken``, the cached next-token step that beam
 search steps with too; it, the argument checks (``check_arguments``) and the eval mode both
-searches decode in (``eval_mode``) live in ``seq2seq.decoding.strategy``, what every search
+searches decode in (``eval_mode``) live in ``seq2seq.search.strategy``, what every search
 shares.
 
 Shape legend:
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from seq2seq.decoding.strategy import NextToken, check_arguments, check_no_empty_source, eval_mode
+from seq2seq.search.strategy import NextToken, check_arguments, check_no_empty_source, eval_mode
 
 
 @torch.no_grad()
