@@ -13,7 +13,7 @@ well above its last-level cache through ``torch.sum`` (one read, almost no arith
 ``step_weight_bytes`` counts what a step reads; their quotient is the time a step would take
 if it did nothing but stream its weights once.
 
-Counted per step (canonical names, DESIGN.md): every decoder layer's self-attention Q, K, V and
+Counted per step (canonical names, docs/architecture.md): every decoder layer's self-attention Q, K, V and
 output projections, cross-attention Q and output projections, feed-forward and norms, the final
 decoder norm, the generator's weight and bias, and B rows of the target embedding (the gathers).
 Not counted: the cross-attention K and V projections (run once per source, by ``start_cache``),

@@ -4,7 +4,7 @@ A variant declares ``weight_map`` on its model class: one literal dict from cano
 patterns, written out in full, to its own parameter names, in the style of the rename tables of
 Hugging Face conversion scripts (here entries of two variants' maps)::
 
-    # canonical name (DESIGN.md) -> this variant's parameter
+    # canonical name (docs/architecture.md) -> this variant's parameter
     weight_map: ClassVar[dict[str, str | Param]] = {
         "src_embed.weight": "src_embedding.E",
         "{stack}.layers.{i}.{attn}.wq.weight":
@@ -74,7 +74,7 @@ class Param:
 
 
 def canonical_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Every canonical name and its shape, in a fixed order (DESIGN.md, "Canonical weights")."""
+    """Every canonical name and its shape, in a fixed order (docs/architecture.md, "Canonical weights")."""
     d, f = config.d_model, config.d_ff
     shapes: dict[str, tuple[int, ...]] = {
         "src_embed.weight": (config.src_vocab_size, d),

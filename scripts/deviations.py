@@ -3,7 +3,7 @@
     python -m scripts.deviations            # Markdown table on stdout
 
 Each row starts from the same seeded model (the explicit variant, float64, eval) and applies one
-departure of a source text from DESIGN.md's architecture, then reports the largest
+departure of a source text from the one architecture (docs/architecture.md), then reports the largest
 |Δ log-prob| against the unchanged model on one fixed batch with source and target padding.
 Where a departure is a re-parametrisation it is applied as an exact edit of the canonical
 weights (e.g. scaling scores by sqrt(D) instead of sqrt(Dh) == scaling W_q by 1/sqrt(H)); where

@@ -66,7 +66,7 @@ def test_tiny_preset_has_one_row_per_variant_with_positive_times(tiny_report):
 
 
 # The agreement column at torch.testing.assert_close's float32 defaults (atol 1e-5, rtol
-# 1.3e-6), DESIGN.md's promise: a row's largest |Δ log p| within atol alone passes assert_close
+# 1.3e-6), docs/architecture.md's promise: a row's largest |Δ log p| within atol alone passes assert_close
 # at every position (the rtol term only adds room), so it is the bound on the column.
 FLOAT32_ATOL = 1e-5
 

@@ -1,13 +1,13 @@
 """Dropout sits where ``nn.Transformer`` puts it, in every variant, in both norm modes.
 
-DESIGN.md places it after embeddings + positions, on the attention weights, on each
-sublayer's output before its residual, and on the feed-forward's inner activation. Each
-variant, in train mode with dropout 0.25, runs under ``FixedDropoutMasks``: every random
-dropout mask is replaced by a fixed one that depends only on the site's place in the forward
-pass. ``functional_forward`` below, DESIGN.md's architecture written out on canonical weights
-with a dropout at each of those sites and nowhere else, runs under the same stand-in. The
-variant's sites (shape and probability, in order), log-probs and gradients must equal the
-functional forward's.
+The one architecture (docs/architecture.md) places it after embeddings + positions, on the
+attention weights, on each sublayer's output before its residual, and on the feed-forward's
+inner activation. Each variant, in train mode with dropout 0.25, runs under
+``FixedDropoutMasks``: every random dropout mask is replaced by a fixed one that depends only on
+the site's place in the forward pass. ``functional_forward`` below, the one architecture
+(docs/architecture.md) written out on canonical weights with a dropout at each of those sites
+and nowhere else, runs under the same stand-in. The variant's sites (shape and probability, in
+order), log-probs and gradients must equal the functional forward's.
 
 Why this cannot pass by accident:
 
@@ -89,8 +89,8 @@ def sinusoids(length: int, d_model: int) -> Tensor:
 
 def functional_forward(state: dict[str, Tensor], config: TransformerConfig, src: Tensor, tgt: Tensor,
                        src_mask: Tensor, tgt_mask: Tensor, p: float, move: str | None = None) -> Tensor:
-    """DESIGN.md's architecture from canonical weights, with ``F.dropout(·, p)`` at exactly the
-    sites of ``nn.Transformer``; log-probs (B, T, V). ``move`` misplaces one site, to show that
+    """The one architecture (docs/architecture.md) from canonical weights, with ``F.dropout(·, p)``
+    at exactly the sites of ``nn.Transformer``; log-probs (B, T, V). ``move`` misplaces one site, to show that
     the comparison notices: "ff-after-w2", "no-attention-weights" or "no-residual"."""
     heads, d_model = config.n_heads, config.d_model
 

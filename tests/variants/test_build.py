@@ -92,7 +92,7 @@ def test_parameter_count_is_the_same_in_every_variant(subject_variant):
 
 
 def test_parameter_count_is_the_architectures(variant):
-    """Counted from DESIGN.md's architecture, the reference included: two embedding tables,
+    """Counted from the one architecture (docs/architecture.md), the reference included: two embedding tables,
     per encoder layer one attention (four D x D projections with bias), a D-F-D feed-forward
     and two LayerNorms, per decoder layer two attentions and three LayerNorms, two final
     LayerNorms and the generator with its bias."""

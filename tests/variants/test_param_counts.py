@@ -1,7 +1,8 @@
 """The paper's Table 3 models, parameter for parameter, in every variant.
 
-The expected counts come from the formula below, written out from DESIGN.md's architecture, not
-read from any model. Models are built on the meta device: shapes without memory or init time.
+The expected counts come from the formula below, written out from the one architecture
+(docs/architecture.md), not read from any model. Models are built on the meta device: shapes
+without memory or init time.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ map's modules note each point as it completes. A dropout is placed by what it dr
   output, before the residual; before a stack's first sublayer: the stack's embeddings;
 - anything else (after a norm, after a layer) is a site the architecture does not have.
 
-The architecture's sites (DESIGN.md): each stack's embeddings, every attention's weights and
+The architecture's sites (docs/architecture.md): each stack's embeddings, every attention's weights and
 output, every feed-forward's hidden layer and output, each at probability ``config.dropout``.
 """
 

@@ -18,6 +18,6 @@ class Tolerance:
         return f"{self.atol:g}" + (f" + {self.rtol:g}·|expected|" if self.rtol else "")
 
 
-FLOAT64 = Tolerance(1e-10)  # DESIGN.md: log-probs and gradients in float64
+FLOAT64 = Tolerance(1e-10)  # docs/architecture.md: log-probs and gradients in float64
 FLOAT32 = Tolerance(1e-5, 1.3e-6)  # torch.testing.assert_close's float32 defaults
-LOSSES = Tolerance(1e-8)  # DESIGN.md: optimiser steps in float64
+LOSSES = Tolerance(1e-8)  # docs/architecture.md: optimiser steps in float64

@@ -66,7 +66,7 @@ class Transformer(EncoderDecoder):
     def _project(self, hidden: Tensor) -> Tensor:
         return self.decoder.generate(hidden)  # (B, T, V)
 
-    # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's;
+    # canonical name (docs/architecture.md) -> this variant's parameter; layouts already match nn.Linear's;
     # the decoder's cross-attention, ff, norm2 and norm3 live in its transformer_block
     weight_map: ClassVar[dict[str, str | Param]] = {
         "src_embed.weight": "encoder.word_embedding.weight",

@@ -67,7 +67,7 @@ class LayerNormalization(nn.Module):
         self.bias = nn.Parameter(torch.zeros(config.d_model))  # (D,) learned shift
 
     def forward(self, x: Tensor) -> Tensor:
-        # the source divides by (std + eps) with the unbiased std; DESIGN.md's LayerNorm is
+        # the source divides by (std + eps) with the unbiased std; the architecture's LayerNorm is
         # nn.LayerNorm's: the biased variance, eps inside the square root
         mean = x.mean(dim=-1, keepdim=True)  # (B, S, 1)
         var = x.var(dim=-1, unbiased=False, keepdim=True)  # (B, S, 1)
@@ -320,7 +320,7 @@ class Transformer(EncoderDecoder):
     def _project(self, hidden: Tensor) -> Tensor:
         return self.projection(hidden)  # (B, T, V)
 
-    # canonical name (DESIGN.md) -> this variant's parameter; layouts already match nn.Linear's
+    # canonical name (docs/architecture.md) -> this variant's parameter; layouts already match nn.Linear's
     weight_map: ClassVar[dict[str, str | Param]] = {
         "src_embed.weight": "src_embed.embedding.weight",
         "tgt_embed.weight": "tgt_embed.embedding.weight",

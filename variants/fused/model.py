@@ -326,7 +326,7 @@ class Transformer(StaticDecoding, EncoderDecoder):
     def _project(self, hidden: Tensor) -> Tensor:
         return F.log_softmax(self.generator(hidden), dim=-1)  # (B, T, V)
 
-    # canonical name (DESIGN.md) -> this variant's parameter. The fused projections hold the
+    # canonical name (docs/architecture.md) -> this variant's parameter. The fused projections hold the
     # canonical matrices as row blocks: qkv_proj = [W_q; W_k; W_v], kv_proj = [W_k; W_v].
     weight_map: ClassVar[dict[str, str | Param]] = {
         "src_embed.weight": "src_embed.weight",

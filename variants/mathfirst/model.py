@@ -201,7 +201,7 @@ class Transformer(EncoderDecoder):
     def _project(self, hidden: Tensor) -> Tensor:
         return self.generator(hidden)  # (B, T, V)
 
-    # canonical name (DESIGN.md) -> this variant's parameter; W is applied as x @ W, so each layout
+    # canonical name (docs/architecture.md) -> this variant's parameter; W is applied as x @ W, so each layout
     # turns it into nn.Linear's (out, in): h head, k head dim, d model, f feed-forward, v vocabulary
     weight_map: ClassVar[dict[str, str | Param]] = {
         "src_embed.weight": "src_embedding.E",

@@ -195,7 +195,7 @@ def test_attention_rows_sum_to_one_and_ignore_masked_keys():
 
 
 def test_fully_masked_row_is_uniform_and_finite():
-    """DESIGN.md: masked scores are filled with finfo.min, never -inf, so no NaN appears."""
+    """docs/architecture.md: masked scores are filled with finfo.min, never -inf, so no NaN appears."""
     q, k = torch.randn(1, 1, 2, 4), torch.randn(1, 1, 3, 4)
     mask = torch.tensor([[True, False, True], [False, False, False]])[None, None]
     weights = attention_weights(q, k, mask)

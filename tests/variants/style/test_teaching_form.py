@@ -1,4 +1,4 @@
-"""The three teaching variants read like their sources (DESIGN.md, "Teaching form").
+"""The three teaching variants read like their sources (docs/architecture.md, "Teaching form").
 
 Each attention's ``forward`` holds the whole computation in the source's order (project, split
 heads, attend, merge, output projection) instead of handing it to helpers; scores are divided
