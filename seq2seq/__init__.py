@@ -14,6 +14,7 @@ deployment, with the commands users type at the top.
     evaluation    held-out accuracy of the synthetic tasks; corpus BLEU and chrF
     pipeline      the translation pipeline: settings and presets, a run in minutes or steps,
                   translate and evaluate text (``translate_sentences``, ``evaluate``)
+    options       python -m seq2seq.train's options and the run's settings they make (TrainSettings)
     deploy/       export_config (the config beside an export, the source checks), onnx_runtime,
                   ctranslate (the exporters and their runtimes as decode rows)
 

@@ -46,12 +46,15 @@ def places(tmp_path) -> dict[str, str]:
 
 NOT_A_DIRECTORY = "is a file, not a directory"
 AVERAGE = ["--checkpoint-dir", "{dir}", "--output"]
+SEED_RANGE = r"argument --seed: must be a seed in 0\.\.4294967295 \(2\*\*32 - 1\), got"  # common.cli.seed_int
 USAGE_ERRORS = [  # (command line's parse_args, argv with {places}, what the one line must say)
     (train.parse_args, ["--lr-factor", "inf"], r"Recipe.lr_factor must be positive and finite, got inf"),
     (train.parse_args, ["--device", "meta"], r"--device meta: meta tensors hold no values"),
     (train.parse_args, ["--checkpoint-dir", "{under-file}"],
      rf"--checkpoint-dir .*/sub: .*/file {NOT_A_DIRECTORY}"),
     (train.parse_args, ["--checkpoint-dir", "{file}"], rf"--checkpoint-dir .*/file {NOT_A_DIRECTORY}"),
+    (train.parse_args, ["--seed", "-1"], rf"{SEED_RANGE} -1 "),
+    (train.parse_args, ["--seed", "4294967296"], rf"{SEED_RANGE} 4294967296 "),
     (decode.parse_args, ["--model", "x.pt", "--device", "meta"], r"--device meta: meta tensors hold no"),
     (average.parse_args, [*AVERAGE, "{dir}"], r"--output .*/dir is a directory"),
     (average.parse_args, [*AVERAGE, "{under-file}/a.pt"],

@@ -7,7 +7,9 @@ shells over the library."""
 
 from __future__ import annotations
 
+import argparse
 import ast
+import dataclasses
 import io
 import re
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 
 from seq2seq import decode, train
 from seq2seq.data.corpus import CorpusSettings, load_corpus
+from seq2seq.options import add_options, settings_from_options
 from seq2seq.train import main, parse_args
 from seq2seq.training.checkpoint import load_checkpoint
 from seq2seq.training.run import checkpoint_path, list_checkpoints
@@ -91,6 +94,22 @@ def test_a_device_torch_does_not_know_is_a_usage_error_naming_the_option(parse, 
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and "error: --device floppy: " in err, err
+
+
+def test_the_options_become_frozen_settings_and_a_bad_one_a_value_error():
+    """``seq2seq.options`` is a library: it neither exits nor changes the parsed options; the
+    command prints its ValueError as the usage error."""
+    parser = argparse.ArgumentParser()
+    add_options(parser)
+    args = parser.parse_args(["--steps", "5", "--d-model", "32"])
+    given = dict(vars(args))
+    settings = settings_from_options(args)
+    assert vars(args) == given and args.heads is None  # not filled in place
+    assert settings.run.steps == 5 and settings.config.d_model == 32 and settings.config.n_heads == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.task = "copy"
+    with pytest.raises(ValueError, match=r"^Recipe.lr_factor must be positive and finite, got inf$"):
+        settings_from_options(parser.parse_args(["--lr-factor", "inf"]))
 
 
 # --- resuming -------------------------------------------------------------------------------

@@ -58,11 +58,11 @@ def test_bad_translate_options_fail_in_one_line(sample_corpus, capsys, argv, sai
 
 def test_the_preset_gives_the_defaults_and_options_override_it(sample_corpus):
     args = train.parse_args(["--task", "translate", "--data", str(sample_corpus.path), "--d-ff", "64"])
-    assert args.translation == train.TRAINING_PRESETS["cpu"].replace(d_ff=64)
+    assert args.translation == pipeline.TRAINING_PRESETS["cpu"].replace(d_ff=64)
     assert args.config.share_embeddings and args.config.d_ff == 64
     assert args.corpus == CorpusSettings(str(sample_corpus.path), max_words=8)
     gpu = train.parse_args(["--task", "translate", "--data", str(sample_corpus.path), "--preset", "gpu"])
-    assert gpu.translation == train.TRAINING_PRESETS["gpu"]
+    assert gpu.translation == pipeline.TRAINING_PRESETS["gpu"]
     plain = train.parse_args([])  # the synthetic task keeps its own defaults
     assert plain.d_model == 64 and not plain.share_embeddings and plain.steps == 300
 
@@ -79,7 +79,7 @@ def test_the_command_parses_once_and_builds_the_translation_config_once(sample_c
     args = train.parse_args(["--task", "translate", "--data", str(sample_corpus.path), "--vocab", "120"])
     assert len(parses) == 1 and len(built) == 1, (parses, built)
     assert args.config == real(**built[0]) and args.config.src_vocab_size == args.config.tgt_vocab_size == 120
-    assert args.config.d_model == train.TRAINING_PRESETS["cpu"].d_model  # the preset's, not the tasks' 64
+    assert args.config.d_model == pipeline.TRAINING_PRESETS["cpu"].d_model  # the preset's, not the tasks' 64
 
 
 def test_translate_refuses_a_missing_file_and_a_model_without_vocabulary(tmp_path, capsys):
