@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from common.checks import check_number
 
+# The values of the string fields below (docs/architecture.md, "Config").
+ACTIVATIONS = ("relu", "gelu", "silu")  # the feed-forward's nonlinearity, by torch.nn.functional's name
+POSITIONS = ("paper", "marian", "fairseq")  # the sinusoid table added to the embeddings (common/positions.py)
+DECODER_STARTS = ("bos", "pad", "eos")  # which id the decoder's first position holds
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -24,11 +28,22 @@ class TransformerConfig:
     norm_first: bool = False  # False: post-norm, the paper; True: pre-norm, x + sublayer(norm(x))
     pad_id: int = 0  # the padding token id, in both vocabularies
     share_embeddings: bool = False  # one matrix for both embeddings and the generator (section 3.4)
+    # What a checkpoint trained elsewhere needs (Marian, fairseq); the defaults are the paper's model.
+    activation: str = "relu"  # the FFN's nonlinearity: "relu" (the paper), "gelu", or "silu" (swish)
+    final_norm: bool = True  # a LayerNorm after each stack (as torch.nn.Transformer); False: none
+    positions: str = "paper"  # the sinusoid table: "paper", "marian" or "fairseq" (common/positions.py)
+    decoder_d_ff: int | None = None  # the decoder's FFN inner width; None: d_ff, as the encoder's
+    decoder_start: str = "bos"  # the decoder's first id: "bos", "pad" (pad_id: Marian), "eos" (fairseq)
 
     @property
     def head_dim(self) -> int:
         """Dh = d_k = d_v = d_model / n_heads (section 3.2.2)."""
         return self.d_model // self.n_heads
+
+    @property
+    def decoder_ff_dim(self) -> int:
+        """The decoder's feed-forward inner width: decoder_d_ff, or d_ff where that is None."""
+        return self.d_ff if self.decoder_d_ff is None else self.decoder_d_ff
 
     def replace(self, **changes) -> TransformerConfig:
         """A copy with some fields changed (and validated again)."""
@@ -37,7 +52,8 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            expected = {"int": int, "float": (int, float), "bool": bool}[str(field.type)]
+            expected = {"int": int, "float": (int, float), "bool": bool, "str": str,
+                        "int | None": (int, type(None))}[str(field.type)]
             # bool is an int subclass: True must not pass for d_model, nor 1 for norm_first.
             if isinstance(value, bool) != (expected is bool) or not isinstance(value, expected):
                 raise TypeError(
@@ -45,8 +61,8 @@ class TransformerConfig:
                     f"got {type(value).__name__} {value!r}"
                 )
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "src_vocab_size",
-                     "tgt_vocab_size", "max_seq_len"):
-            if getattr(self, name) <= 0:
+                     "tgt_vocab_size", "max_seq_len", "decoder_d_ff"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"TransformerConfig.{name} must be positive, got {getattr(self, name)}")
         if self.d_model % self.n_heads:
             raise ValueError(
@@ -61,6 +77,15 @@ class TransformerConfig:
                 f"TransformerConfig.share_embeddings needs one vocabulary: src_vocab_size "
                 f"({self.src_vocab_size}) must equal tgt_vocab_size ({self.tgt_vocab_size})"
             )
+        for name, allowed in (("activation", ACTIVATIONS), ("positions", POSITIONS),
+                              ("decoder_start", DECODER_STARTS)):
+            if getattr(self, name) not in allowed:
+                hint = " (swish is SiLU: write 'silu')" if getattr(self, name) == "swish" else ""
+                raise ValueError(f"TransformerConfig.{name} must be one of {allowed}, "
+                                 f"got {getattr(self, name)!r}{hint}")
+        if self.positions == "fairseq" and self.d_model < 4:
+            # its frequencies are 10000^(-k / (d_model / 2 - 1)): d_model 2 or 3 divides by zero
+            raise ValueError(f"TransformerConfig.positions 'fairseq' needs d_model >= 4, got {self.d_model}")
         smallest_vocab = min(self.src_vocab_size, self.tgt_vocab_size)
         if not 0 <= self.pad_id < smallest_vocab:
             raise ValueError(

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from common import checks
 from common.cache import DecoderCache, LayerCache
 from common.config import TransformerConfig
-from common.masks import padding_mask
+from common.masks import target_padding_mask
 
 
 class EncoderDecoder(nn.Module, metaclass=abc.ABCMeta):
@@ -109,7 +109,7 @@ class EncoderDecoder(nn.Module, metaclass=abc.ABCMeta):
         layer's self-attention keys and values, grow by one position."""
         checks.check_step(self, tgt, cache)
         tokens = torch.cat([cache.tokens, tgt.long()], dim=1)  # (B, t + 1)
-        tgt_mask = padding_mask(tokens, self.config.pad_id)  # (B, 1, 1, t + 1): the last query's row
+        tgt_mask = target_padding_mask(tokens, self.config.pad_id)  # (B, 1, 1, t + 1): the last query's row
         hidden = self._decode_step(tgt, cache.length, cache.layers, cache.src_mask, tgt_mask)
         cache.tokens = tokens
         return hidden

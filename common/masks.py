@@ -27,9 +27,20 @@ def causal_mask(length: int, device: torch.device | str | None = None) -> Tensor
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()[None, None]
 
 
+def target_padding_mask(tgt: Tensor, pad_id: int) -> Tensor:
+    """(B, T) target ids -> (B, 1, 1, T): True at real tokens and at position 0.
+
+    Position 0 holds the decoder's start token, a key whatever its id: Marian's decoder starts
+    with the padding id itself (``TransformerConfig.decoder_start``). Every other target starts
+    with a BOS that is not padding, so for them this is ``padding_mask``."""
+    start = torch.arange(tgt.shape[1], device=tgt.device) == 0  # (T,): the start token's column
+    return ((tgt != pad_id) | start)[:, None, None, :]
+
+
 def decoder_mask(tgt: Tensor, pad_id: int) -> Tensor:
-    """(B, T) target ids -> (B, 1, T, T): causal and not padding, the decoder self-attention mask."""
-    return padding_mask(tgt, pad_id) & causal_mask(tgt.shape[1], device=tgt.device)
+    """(B, T) target ids -> (B, 1, T, T): causal and not padding (the start token at position 0
+    is never padding), the decoder self-attention mask."""
+    return target_padding_mask(tgt, pad_id) & causal_mask(tgt.shape[1], device=tgt.device)
 
 
 def mask_scores(scores: Tensor, mask: Tensor | None) -> Tensor:

@@ -16,7 +16,8 @@ A variant declares ``probe_map`` beside its ``weight_map``: canonical point (a p
 
 A plain string is ``Probe(name)``; ``None`` says the implementation has no module for that
 point (an inline ``F.layer_norm``, say), and the checker's finder passes over it. The map must name every
-point, so a forgotten or misspelt one is an error, not a silent gap.
+point, so a forgotten or misspelt one is an error, not a silent gap; an entry for a point the config
+leaves out (the final norms under ``final_norm=False``) is passed over.
 
 The points, in order of computation under post-norm (pre-norm puts each norm before its
 sublayer, as it computes it), each a (B, L, D) tensor but the generator's (B, T, V):
@@ -25,10 +26,12 @@ sublayer, as it computes it), each a (B, L, D) tensor but the generator's (B, T,
     encoder.layers.{i}.self_attn   the sublayer's output (after W_o), before its dropout and residual
     encoder.layers.{i}.norm1       the LayerNorm holding norm1's weights: norm1(x + attn) post-norm,
                                    norm1(x), the attention's input, pre-norm
-    encoder.layers.{i}.ff          W2 relu(W1 x + b1) + b2, before its dropout and residual
+    encoder.layers.{i}.ff          W2 act(W1 x + b1) + b2 (act: config.activation), before its
+                                   dropout and residual
     encoder.layers.{i}.norm2       the LayerNorm holding norm2's weights
     encoder.layers.{i}             the layer's output, the next layer's input
-    encoder.norm                   the final LayerNorm: the memory, ``encode``'s output
+    encoder.norm                   the final LayerNorm: the memory, ``encode``'s output (absent
+                                   under final_norm=False, as is decoder.norm)
     tgt_embed                      as src_embed, for the target
     decoder.layers.{i}.self_attn, .norm1, .cross_attn, .norm2, .ff, .norm3, decoder.layers.{i}
     decoder.norm                   the final LayerNorm: ``decode``'s output
@@ -59,7 +62,8 @@ class Probe:
 
 
 def probe_points(config: TransformerConfig) -> list[str]:
-    """Every canonical point of a forward pass under ``config``, in the order it is computed."""
+    """Every canonical point of a forward pass under ``config``, in the order it is computed (no
+    ``encoder.norm``/``decoder.norm`` under ``final_norm=False``)."""
 
     def layer(prefix: str, sublayers: tuple[str, ...]) -> list[str]:
         steps = []
@@ -71,10 +75,10 @@ def probe_points(config: TransformerConfig) -> list[str]:
     points = ["src_embed"]
     for i in range(config.n_layers):
         points += layer(f"encoder.layers.{i}", ("self_attn", "ff"))
-    points += ["encoder.norm", "tgt_embed"]
+    points += ["encoder.norm"] * config.final_norm + ["tgt_embed"]
     for i in range(config.n_layers):
         points += layer(f"decoder.layers.{i}", ("self_attn", "cross_attn", "ff"))
-    return [*points, "decoder.norm", "generator"]
+    return [*points, *["decoder.norm"] * config.final_norm, "generator"]
 
 
 def resolve_probes(model: nn.Module) -> dict[str, Probe | None]:
@@ -86,7 +90,9 @@ def resolve_probes(model: nn.Module) -> dict[str, Probe | None]:
     cls = type(model)
     if not isinstance(getattr(cls, "probe_map", None), dict):
         raise LookupError(f"{cls.__name__} declares no probe_map (see common/probes.py)")
-    matched, problems = match_patterns(cls.probe_map, probe_points(model.config), noun="probe point")
+    points = probe_points(model.config)
+    absent = [point for point in probe_points(model.config.replace(final_norm=True)) if point not in points]
+    matched, problems = match_patterns(cls.probe_map, points, noun="probe point", absent=absent)
     modules = dict(model.named_modules())
     resolved: dict[str, Probe | None] = {}
     missing = []  # (the entry's module, what is wrong)
@@ -105,11 +111,16 @@ def resolve_probes(model: nn.Module) -> dict[str, Probe | None]:
 
 def capture(model: nn.Module, inputs: tuple[Tensor | None, ...],
             stand_ins: dict[str, Probe] | None = None, during: AbstractContextManager | None = None,
-            on_point: Callable[[str], None] | None = None) -> dict[str, Tensor]:
+            on_point: Callable[[str], None] | None = None, notes: dict[str, str] | None = None,
+            ) -> dict[str, Tensor]:
     """The probe points of one forward pass ``model(*inputs)`` (no grad), in the order computed;
     ``stand_ins`` probe points the map declares None where the caller knows a module to read.
     ``during`` (a context manager, such as a dispatch mode watching the operations) is entered
     around the forward pass, and ``on_point`` called with each point's name as it is captured.
+
+    A probe without ``item`` on a module that returns a tuple (a layer's ``(output, attention)``)
+    reads the tuple's first element; an output that holds no tensor there is not captured. Each
+    such reading is said in ``notes`` (point -> what was read), when given.
 
     A declared point whose module did not run is absent. ``nn.MultiheadAttention``'s fast path
     can compute whole layers in one kernel without calling their submodules (recent releases
@@ -133,6 +144,14 @@ def capture(model: nn.Module, inputs: tuple[Tensor | None, ...],
             for point, probe in by_module[name]:
                 if probe.call == calls:
                     value = output if probe.item is None else output[probe.item]
+                    if probe.item is None and isinstance(value, (tuple, list)) and value:
+                        value = value[0]
+                        if notes is not None:
+                            notes[point] = f"{name or 'the model'} returns a {type(output).__name__}: its item 0"
+                    if not isinstance(value, Tensor):
+                        if notes is not None:
+                            notes[point] = f"{name or 'the model'} returns a {type(value).__name__}, not a tensor"
+                        continue
                     captured[point] = value.detach().clone()
                     if on_point is not None:
                         on_point(point)

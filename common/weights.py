@@ -30,7 +30,9 @@ any of the names it has in the model). Where tying moves a name or layout, as wh
 applied as ``x @ W`` reads the embedding matrix E as W = Eᵀ, the variant also declares
 ``tied_weight_map``: the entries that replace ``weight_map``'s under ``share_embeddings``.
 A parameter with no canonical name at all (an outside model's learned positions, say) is listed
-in ``extra_parameters``: transfers leave it alone. ``check_weight_map`` names every problem of a
+in ``extra_parameters``: transfers leave it alone. One map serves every config: where the config
+leaves a part out (the final norms, ``final_norm=False``), the entries for it are passed over
+(``absent_parts``). ``check_weight_map`` names every problem of a
 map at once.
 """
 
@@ -51,8 +53,9 @@ from common.config import TransformerConfig
 # Fields that give the canonical weights their meaning: the same tensors under another
 # value of any of these would be another function (or not fit at all), or, for
 # share_embeddings, would silently tie three matrices or untie one.
-WEIGHT_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "src_vocab_size", "tgt_vocab_size",
-                 "norm_first", "share_embeddings")
+WEIGHT_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "decoder_ff_dim", "src_vocab_size",
+                 "tgt_vocab_size", "norm_first", "share_embeddings", "activation", "final_norm",
+                 "positions")
 _WHY = {"share_embeddings": "a tied model holds one matrix as src_embed.weight, tgt_embed.weight "
                             "and generator.weight, an untied one three; moving weights between "
                             "them would tie three matrices or untie one"}
@@ -74,8 +77,9 @@ class Param:
 
 
 def canonical_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
-    """Every canonical name and its shape, in a fixed order (docs/architecture.md, "Canonical weights")."""
-    d, f = config.d_model, config.d_ff
+    """Every canonical name and its shape, in a fixed order (docs/architecture.md, "Canonical weights");
+    no ``encoder.norm``/``decoder.norm`` under ``final_norm=False``."""
+    d = config.d_model
     shapes: dict[str, tuple[int, ...]] = {
         "src_embed.weight": (config.src_vocab_size, d),
         "tgt_embed.weight": (config.tgt_vocab_size, d),
@@ -86,7 +90,7 @@ def canonical_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
             shapes[f"{prefix}.{proj}.weight"] = (d, d)
             shapes[f"{prefix}.{proj}.bias"] = (d,)
 
-    def feed_forward(prefix: str) -> None:
+    def feed_forward(prefix: str, f: int) -> None:
         shapes.update({f"{prefix}.w1.weight": (f, d), f"{prefix}.w1.bias": (f,),
                        f"{prefix}.w2.weight": (d, f), f"{prefix}.w2.bias": (d,)})
 
@@ -96,15 +100,17 @@ def canonical_shapes(config: TransformerConfig) -> dict[str, tuple[int, ...]]:
 
     for i in range(config.n_layers):
         attention(f"encoder.layers.{i}.self_attn")
-        feed_forward(f"encoder.layers.{i}.ff")
+        feed_forward(f"encoder.layers.{i}.ff", config.d_ff)
         norms(f"encoder.layers.{i}", 2)
-    shapes.update({"encoder.norm.weight": (d,), "encoder.norm.bias": (d,)})
+    if config.final_norm:
+        shapes.update({"encoder.norm.weight": (d,), "encoder.norm.bias": (d,)})
     for i in range(config.n_layers):
         attention(f"decoder.layers.{i}.self_attn")
         attention(f"decoder.layers.{i}.cross_attn")
-        feed_forward(f"decoder.layers.{i}.ff")
+        feed_forward(f"decoder.layers.{i}.ff", config.decoder_ff_dim)
         norms(f"decoder.layers.{i}", 3)
-    shapes.update({"decoder.norm.weight": (d,), "decoder.norm.bias": (d,)})
+    if config.final_norm:
+        shapes.update({"decoder.norm.weight": (d,), "decoder.norm.bias": (d,)})
     shapes.update({"generator.weight": (config.tgt_vocab_size, d),
                    "generator.bias": (config.tgt_vocab_size,)})
     return shapes
@@ -275,14 +281,18 @@ def check_weight_map(model: nn.Module) -> None:
 
 
 def match_patterns(
-    table: Mapping[str, T], names: Iterable[str], noun: str = "canonical name"
+    table: Mapping[str, T], names: Iterable[str], noun: str = "canonical name", absent: Iterable[str] = ()
 ) -> tuple[dict[str, tuple[T, dict]], list[str]]:
     """Each name -> (the one entry of ``table`` whose ``{field}`` pattern matches it, the fields).
 
     Also returns the problems, each a short phrase: names matched by no pattern or by several
     (one phrase per set of patterns), and patterns that match no name (a typo, most likely).
+    ``absent``: names of parts the config leaves out (``absent_parts``); an entry that matches
+    only those is the map of a part this model lacks, passed over, not a typo.
     """
-    compiled = [(_compile(pattern), pattern, target) for pattern, target in table.items()]
+    names, absent = list(names), list(absent)
+    compiled = [(regex, pattern, target) for pattern, target in table.items()
+                if not _only_absent(regex := _compile(pattern), names, absent)]
     matched: dict[str, tuple[T, dict]] = {}
     uncovered, several, used = [], [], set()
     for name in names:
@@ -300,8 +310,21 @@ def match_patterns(
     plural = "" if len(uncovered) == 1 else "s"
     problems = [f"does not cover {len(uncovered)} {noun}{plural}: {', '.join(uncovered)}"] * bool(uncovered)
     problems += first_of_each(several)
-    problems += [f"entry {pattern!r} matches no {noun}" for pattern in table if pattern not in used]
+    problems += [f"entry {pattern!r} matches no {noun}" for _, pattern, _ in compiled if pattern not in used]
     return matched, problems
+
+
+def _only_absent(regex: re.Pattern[str], names: list[str], absent: list[str]) -> bool:
+    """Whether the entry matches some absent name and no present one: the map of a missing part."""
+    return any(map(regex.fullmatch, absent)) and not any(map(regex.fullmatch, names))
+
+
+def absent_parts(config: TransformerConfig) -> list[str]:
+    """The canonical names a model with every part has and ``config`` leaves out: the final norms
+    under ``final_norm=False``. A variant's map keeps its entries for them (one map serves every
+    config); they are passed over where the part is absent."""
+    present = canonical_shapes(config)
+    return [name for name in canonical_shapes(config.replace(final_norm=True)) if name not in present]
 
 
 def first_of_each(problems: Iterable[tuple[object, str]]) -> list[str]:
@@ -327,7 +350,7 @@ def _resolve(model: nn.Module) -> dict[str, Param]:
     tied = model.config.share_embeddings
     weight_map = {**cls.weight_map, **(getattr(cls, "tied_weight_map", {}) if tied else {})}
     shapes = canonical_shapes(model.config)
-    matched, problems = match_patterns(weight_map, shapes)
+    matched, problems = match_patterns(weight_map, shapes, absent=absent_parts(model.config))
     params = dict(model.named_parameters())
     first_name = {id(param): name for name, param in params.items()}
     names = {name: first_name[id(param)]

@@ -14,11 +14,12 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
-from common.positions import sinusoid_table
+from common.positions import position_table
 from common.probes import Probe
 from common.weights import Param
 
@@ -31,29 +32,24 @@ class Transformer(EncoderDecoder):
         self.config = config
         self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
-        self.register_buffer("pe", sinusoid_table(config.max_seq_len, config.d_model),
-                             persistent=False)  # (max_seq_len, D) float64
+        self.register_buffer("pe", position_table(config), persistent=False)  # (max_seq_len, D) float64
         self.dropout = nn.Dropout(config.dropout)
-        encoder_layer = nn.TransformerEncoderLayer(
-            config.d_model, config.n_heads, config.d_ff, config.dropout,
-            layer_norm_eps=config.norm_eps, batch_first=True, norm_first=config.norm_first,
-        )
+        # nn.Transformer takes "relu" and "gelu" by name, any activation as a function: F.relu, ...
+        layer = dict(d_model=config.d_model, nhead=config.n_heads, dropout=config.dropout,
+                     activation=getattr(F, config.activation), layer_norm_eps=config.norm_eps,
+                     batch_first=True, norm_first=config.norm_first)
+        encoder_layer = nn.TransformerEncoderLayer(dim_feedforward=config.d_ff, **layer)
+        decoder_layer = nn.TransformerDecoderLayer(dim_feedforward=config.decoder_ff_dim, **layer)
+
+        def final_norm() -> nn.LayerNorm | None:  # None: the stack ends at its last layer
+            return nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.final_norm else None
+
         # enable_nested_tensor=False: keep padded positions computed (not zeroed) in eval
-        encoder = nn.TransformerEncoder(
-            encoder_layer, config.n_layers, nn.LayerNorm(config.d_model, eps=config.norm_eps),
-            enable_nested_tensor=False,
-        )
-        self.transformer = nn.Transformer(
-            d_model=config.d_model,
-            nhead=config.n_heads,
-            num_decoder_layers=config.n_layers,
-            dim_feedforward=config.d_ff,
-            dropout=config.dropout,
-            custom_encoder=encoder,
-            layer_norm_eps=config.norm_eps,
-            batch_first=True,
-            norm_first=config.norm_first,
-        )
+        encoder = nn.TransformerEncoder(encoder_layer, config.n_layers, final_norm(),
+                                        enable_nested_tensor=False)
+        decoder = nn.TransformerDecoder(decoder_layer, config.n_layers, final_norm())
+        self.transformer = nn.Transformer(d_model=config.d_model, nhead=config.n_heads,
+                                          custom_encoder=encoder, custom_decoder=decoder, batch_first=True)
         self.generator = nn.Linear(config.d_model, config.tgt_vocab_size)
         if config.share_embeddings:  # section 3.4, around nn.Transformer, which has no embeddings
             self.tgt_embed.weight = self.src_embed.weight

@@ -56,6 +56,9 @@ from seq2seq.search.beam import Hypotheses
 from seq2seq.search.strategy import check_arguments
 
 COMPUTE_TYPES = ("float32", "int8")  # the precisions the decode rows run: the weights' own, and int8
+# config fields for checkpoints trained elsewhere that this export has no proof for: only their
+# defaults (the paper's architecture) are exported
+UNSERVED_FIELDS = ("activation", "final_norm", "positions", "decoder_d_ff", "decoder_start")
 
 
 def token(index: int) -> str:
@@ -167,6 +170,13 @@ def export_ctranslate2(model: nn.Module, directory: str | Path, *, bos_id: int, 
     if not overwrite and directory.is_dir() and any(directory.iterdir()):
         raise FileExistsError(f"{directory} already holds files; pass overwrite=True to write over them")
     config = check_arguments(model, None, 1, bos_id, eos_id, True)
+    default = TransformerConfig()
+    unserved = [f"{name}={getattr(config, name)!r}" for name in UNSERVED_FIELDS
+                if getattr(config, name) != getattr(default, name)]
+    if unserved:
+        raise ValueError(f"export_ctranslate2 exports the paper's architecture only; this model has "
+                         f"{', '.join(unserved)}: decode it with the suite's search, or export it to "
+                         "ONNX (seq2seq.deploy.onnx_runtime)")
     weights = export_weights(model)
     for name, tensor in weights.items():  # the ONNX exporter refuses them too
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):

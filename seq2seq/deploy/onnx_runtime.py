@@ -53,6 +53,7 @@ from torch import Tensor, nn
 from common import checks
 from common.cache import batch_first, type_and_shape
 from common.config import TransformerConfig
+from common.masks import target_padding_mask
 from common.weights import export_weights, import_weights
 from seq2seq.deploy.export_config import check_model, check_source_ids, load_config, save_config
 from variants import build
@@ -357,7 +358,7 @@ class OnnxRuntimeModel(nn.Module):
             )
         checks.check_ids("tgt", tgt, self.config.tgt_vocab_size, "tgt_vocab_size", 1, torch.device("cpu"))
         tokens = torch.cat([cache.tokens, tgt.long()], dim=1)  # (B, t + 1)
-        tgt_mask = (tokens != self.config.pad_id)[:, None, None, :]  # (B, 1, 1, t + 1), as padding_mask
+        tgt_mask = target_padding_mask(tokens, self.config.pad_id)  # (B, 1, 1, t + 1), as decode_step
         feeds = dict(
             zip(
                 self.step_inputs,

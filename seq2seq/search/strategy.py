@@ -14,8 +14,9 @@ recomputed every step — and that is the specification the cache is tested agai
 
 The checks raise before any tensor work, in one line naming the argument. ``check_arguments``
 and ``check_beam_arguments`` read what a search is given once (the model, lengths, special ids,
-beam size, alpha); ``check_source`` what each call brings (the source and its mask), so that a
-decoder built ahead checks the first at construction and only the second per call.
+beam size, alpha; ``check_start_id`` the start id against ``config.decoder_start``);
+``check_source`` what each call brings (the source and its mask), so that a decoder built ahead
+checks the first at construction and only the second per call.
 
 Shape legend:
     B  batch (or batch x beams)   S  source length   L  generated length (BOS included)
@@ -140,14 +141,32 @@ def check_arguments(
             raise ValueError(
                 f"{name} must lie in [0, tgt_vocab_size={config.tgt_vocab_size}), got {value}"
             )
-        if value == config.pad_id:
-            # BOS as padding would mask the only key of the first step; EOS as padding could
-            # not be told apart from the padding that follows it.
-            raise ValueError(f"{name} must differ from config.pad_id ({config.pad_id}), got {value}")
-    if bos_id == eos_id:
-        raise ValueError(f"bos_id and eos_id must differ, both are {bos_id}")
+    if eos_id == config.pad_id:  # EOS as padding could not be told from the padding after it
+        raise ValueError(f"eos_id must differ from config.pad_id ({config.pad_id}), got {eos_id}")
+    check_start_id(config, bos_id, eos_id)
     check_source_mask(src_mask)
     return config
+
+
+def check_start_id(config: TransformerConfig, bos_id: int, eos_id: int) -> None:
+    """The decoder's first id as ``config.decoder_start`` says: a BOS of its own ("bos", unlike
+    padding and EOS), or the padding id ("pad", Marian), or EOS ("eos", fairseq). The start
+    token is a key whatever its id (``common.masks.target_padding_mask``), and a search reads
+    EOS only among the ids it generates, so a start equal to either is safe where the model was
+    trained so; anywhere else it is a mistake, refused."""
+    if config.decoder_start == "pad" and bos_id != config.pad_id:
+        raise ValueError(f"config.decoder_start is 'pad': the decoder starts with pad_id, so bos_id "
+                         f"must be {config.pad_id}, got {bos_id}")
+    if config.decoder_start == "eos" and bos_id != eos_id:
+        raise ValueError(f"config.decoder_start is 'eos': the decoder starts with EOS, so bos_id "
+                         f"must equal eos_id ({eos_id}), got {bos_id}")
+    if config.decoder_start == "bos" and bos_id == config.pad_id:
+        # a start as padding would be a model trained so: config.decoder_start='pad' says it
+        raise ValueError(f"bos_id must differ from config.pad_id ({config.pad_id}), got {bos_id} "
+                         "(a decoder that starts with the padding id has config.decoder_start='pad')")
+    if config.decoder_start == "bos" and bos_id == eos_id:
+        raise ValueError(f"bos_id and eos_id must differ, both are {bos_id} "
+                         "(a decoder that starts with EOS has config.decoder_start='eos')")
 
 
 def check_source_mask(src_mask: object) -> None:

@@ -39,6 +39,14 @@ def test_config_is_frozen():
         (dict(pad_id=-1), "pad_id"),
         (dict(pad_id=37000), "pad_id"),
         (dict(src_vocab_size=100, tgt_vocab_size=10, pad_id=50), "pad_id"),
+        (dict(activation="tanh"), "activation"),
+        (dict(activation="swish"), "activation"),
+        (dict(activation="ReLU"), "activation"),
+        (dict(positions="learned"), "positions"),
+        (dict(positions="fairseq", d_model=2, n_heads=1), "positions"),
+        (dict(decoder_d_ff=0), "decoder_d_ff"),
+        (dict(decoder_d_ff=-4), "decoder_d_ff"),
+        (dict(decoder_start="sos"), "decoder_start"),
     ],
 )
 def test_invalid_value_raises_naming_the_field(changes, field):
@@ -53,6 +61,12 @@ def test_invalid_value_raises_naming_the_field(changes, field):
         (dict(n_layers=True), "n_layers"),
         (dict(dropout="0.1"), "dropout"),
         (dict(norm_first=1), "norm_first"),
+        (dict(activation=None), "activation"),
+        (dict(final_norm=0), "final_norm"),
+        (dict(positions=1), "positions"),
+        (dict(decoder_d_ff=24.0), "decoder_d_ff"),
+        (dict(decoder_d_ff=True), "decoder_d_ff"),
+        (dict(decoder_start=None), "decoder_start"),
     ],
 )
 def test_wrong_type_raises_naming_the_field(changes, field):
@@ -64,3 +78,16 @@ def test_replace_validates_again():
     with pytest.raises(ValueError, match="n_heads"):
         TransformerConfig().replace(n_heads=7)
     assert TransformerConfig().replace(n_layers=2).n_layers == 2
+
+
+def test_the_fields_for_checkpoints_trained_elsewhere_default_to_the_papers_model():
+    config = TransformerConfig()
+    assert (config.activation, config.final_norm, config.positions, config.decoder_d_ff,
+            config.decoder_start) == ("relu", True, "paper", None, "bos")
+    assert config.decoder_ff_dim == config.d_ff == 2048
+    assert TransformerConfig(decoder_d_ff=4096, d_ff=8192).decoder_ff_dim == 4096
+
+
+def test_swish_is_refused_with_its_name_here():
+    with pytest.raises(ValueError, match=r"swish is SiLU: write 'silu'"):
+        TransformerConfig(activation="swish")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from common.masks import causal_mask, decoder_mask, mask_scores, padding_mask
+from common.masks import causal_mask, decoder_mask, mask_scores, padding_mask, target_padding_mask
 from common.random_batch import random_batch
 from tests.helpers import reference_and, small_config
 
@@ -34,6 +34,17 @@ def test_decoder_mask_is_causal_and_padding():
     assert mask.shape == (2, 1, 3, 3)
     assert mask[0, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
     assert torch.equal(mask[1, 0], causal_mask(3)[0, 0])
+
+
+def test_target_padding_mask_keeps_position_0_the_start_token():
+    """Position 0 is the decoder's start token, a key whatever its id (Marian starts with the
+    padding id); elsewhere it is padding_mask."""
+    tgt = torch.tensor([[3, 5, 3], [4, 3, 6]])
+    mask = target_padding_mask(tgt, pad_id=3)
+    assert mask.dtype == torch.bool and mask.shape == (2, 1, 1, 3)
+    assert mask[:, 0, 0].tolist() == [[True, True, False], [True, False, True]]
+    assert torch.equal(target_padding_mask(tgt[1:], 3), padding_mask(tgt[1:], 3))
+    assert torch.equal(decoder_mask(tgt, 3), mask & causal_mask(3))
 
 
 def test_mask_scores_fills_with_the_most_negative_finite_value():

@@ -139,3 +139,24 @@ def test_a_bad_probe_map_names_every_problem_in_one_line(cls, messages):
         resolve_probes(cls(small_config()))
     assert "\n" not in str(error.value)
     assert all(message in str(error.value) for message in messages), str(error.value)
+
+
+def test_without_final_norms_there_are_no_final_norm_points():
+    config = small_config(n_layers=1, final_norm=False)
+    full = probe_points(config.replace(final_norm=True))
+    assert probe_points(config) == [point for point in full if point not in ("encoder.norm", "decoder.norm")]
+
+
+def test_a_map_entry_for_an_absent_point_is_passed_over_but_a_misspelt_one_is_not():
+    """One map serves every config: its "{stack}.norm" entry is no error where the config has no
+    final norms, and a typo is still named there."""
+    config = small_config(final_norm=False)
+    assert "encoder.norm" not in resolve_probes(Explicit(config))
+    with pytest.raises(LookupError, match=r"entry '\{stack\}.layers.\{i\}.selfattn' matches no probe point"):
+        resolve_probes(Misspelt(config))
+
+    class NormTypo(Explicit):
+        probe_map: ClassVar[dict] = {**Explicit.probe_map, "{stack}.nrom": "x"}
+
+    with pytest.raises(LookupError, match=r"entry '\{stack\}.nrom' matches no probe point"):
+        resolve_probes(NormTypo(config))

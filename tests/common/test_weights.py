@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import torch
 
 from common.random_batch import random_batch
 from common.weights import (
+    absent_parts,
     canonical_shapes,
+    check_weight_map,
     export_weights,
     import_weights,
     init_canonical,
@@ -15,6 +19,7 @@ from common.weights import (
 )
 from tests.helpers import random_canonical, small_config
 from variants import REFERENCE, build
+from variants.explicit.model import Transformer as Explicit
 
 
 def assert_states_equal(actual: dict, expected: dict) -> None:
@@ -147,3 +152,19 @@ def test_import_casts_to_the_model_dtype(variant):
     exported = export_weights(model)
     assert all(t.dtype == torch.float64 for t in exported.values())
     assert_states_equal({k: v.float() for k, v in exported.items()}, state)
+
+
+def test_a_map_entry_for_an_absent_weight_is_passed_over_but_a_misspelt_one_is_not():
+    """Without final norms the canonical names have no encoder.norm/decoder.norm; a variant's
+    one map keeps its entry for them, passed over there, and a typo is still named."""
+    config = small_config(final_norm=False)
+    assert absent_parts(config) == ["encoder.norm.weight", "encoder.norm.bias",
+                                    "decoder.norm.weight", "decoder.norm.bias"]
+    assert absent_parts(small_config()) == []
+    check_weight_map(Explicit(config))
+
+    class Typo(Explicit):
+        weight_map: ClassVar[dict] = {**Explicit.weight_map, "{stack}.nrom.{kind}": "x"}
+
+    with pytest.raises(LookupError, match=r"entry '\{stack\}.nrom.\{kind\}' matches no canonical name"):
+        check_weight_map(Typo(config))

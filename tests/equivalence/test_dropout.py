@@ -87,12 +87,64 @@ def sinusoids(length: int, d_model: int) -> Tensor:
     return torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(1)[:, :d_model]
 
 
+def marian_sinusoids(length: int, d_model: int) -> Tensor:
+    """Hugging Face's MarianSinusoidalPositionalEmbedding, in float64 (it builds it in float32):
+    angle[pos, j] = pos / 10000^(2 (j // 2) / d); sin of the even j fill the first half, cos of
+    the odd j the second."""
+    j = torch.arange(d_model, dtype=torch.float64)
+    angle = torch.arange(length, dtype=torch.float64)[:, None] / 10000 ** (2 * (j // 2) / d_model)
+    return torch.cat([angle[:, 0::2].sin(), angle[:, 1::2].cos()], dim=1)
+
+
+def fairseq_sinusoids(num_embeddings: int, d_model: int, padding_idx: int) -> Tensor:
+    """fairseq's SinusoidalPositionalEmbedding.get_embedding (and Hugging Face FSMT's), in
+    float64: rows are positions 0 .. num_embeddings - 1, the padding position's row zero."""
+    half_dim = d_model // 2
+    emb = math.log(10000) / (half_dim - 1)
+    emb = torch.exp(torch.arange(half_dim, dtype=torch.float64) * -emb)
+    emb = torch.arange(num_embeddings, dtype=torch.float64).unsqueeze(1) * emb.unsqueeze(0)
+    emb = torch.cat([torch.sin(emb), torch.cos(emb)], dim=1).view(num_embeddings, -1)
+    if d_model % 2 == 1:
+        emb = torch.cat([emb, torch.zeros(num_embeddings, 1, dtype=torch.float64)], dim=1)
+    emb[padding_idx, :] = 0
+    return emb
+
+
+def make_positions(ids: Tensor, padding_idx: int) -> Tensor:
+    """fairseq's make_positions: real tokens numbered from padding_idx + 1, padding at padding_idx."""
+    mask = ids.ne(padding_idx).long()
+    return torch.cumsum(mask, dim=1) * mask + padding_idx
+
+
+def positions_for(config: TransformerConfig, ids: Tensor, fairseq_padding: bool = False) -> Tensor:
+    """What each token's position adds, (L, D) or (B, L, D), as each source computes it: the
+    paper's table, Marian's, or fairseq's at its positions. fairseq's positions are the token's
+    index + pad_id + 1 (right padding), or with ``fairseq_padding`` its own ``make_positions``,
+    which gives a padding token the zero row."""
+    length, pad = ids.shape[1], config.pad_id
+    if config.positions == "marian":
+        return marian_sinusoids(length, config.d_model)
+    if config.positions == "fairseq":
+        table = fairseq_sinusoids(length + pad + 1, config.d_model, pad)
+        return table[make_positions(ids, pad)] if fairseq_padding else table[pad + 1:]
+    return sinusoids(length, config.d_model)
+
+
+# each activation as its paper writes it: ReLU, GELU (Hendrycks & Gimpel: x Φ(x)), SiLU/swish (x σ(x))
+ACTIVATIONS = {"relu": lambda x: x.clamp(min=0), "gelu": lambda x: x * (1 + torch.erf(x / math.sqrt(2))) / 2,
+               "silu": lambda x: x / (1 + torch.exp(-x))}
+
+
 def functional_forward(state: dict[str, Tensor], config: TransformerConfig, src: Tensor, tgt: Tensor,
-                       src_mask: Tensor, tgt_mask: Tensor, p: float, move: str | None = None) -> Tensor:
+                       src_mask: Tensor, tgt_mask: Tensor, p: float, move: str | None = None,
+                       fairseq_padding: bool = False) -> Tensor:
     """The one architecture (docs/architecture.md) from canonical weights, with ``F.dropout(·, p)``
     at exactly the sites of ``nn.Transformer``; log-probs (B, T, V). ``move`` misplaces one site, to show that
-    the comparison notices: "ff-after-w2", "no-attention-weights" or "no-residual"."""
+    the comparison notices: "ff-after-w2", "no-attention-weights" or "no-residual". The config's
+    activation, final norms and positions are written out here too (the feed-forward widths are
+    the weights' own); ``fairseq_padding``: see ``positions_for``."""
     heads, d_model = config.n_heads, config.d_model
+    activation = ACTIVATIONS[config.activation]
 
     def drop(x: Tensor) -> Tensor:
         return F.dropout(x, p)
@@ -107,7 +159,7 @@ def functional_forward(state: dict[str, Tensor], config: TransformerConfig, src:
         return normalised * state[f"{name}.weight"] + state[f"{name}.bias"]
 
     def embed(table: str, ids: Tensor) -> Tensor:
-        return drop(state[table][ids] * math.sqrt(d_model) + sinusoids(ids.shape[1], d_model))
+        return drop(state[table][ids] * math.sqrt(d_model) + positions_for(config, ids, fairseq_padding))
 
     def attention(x: Tensor, memory: Tensor, mask: Tensor, name: str) -> Tensor:
         def heads_of(t: Tensor, proj: str) -> Tensor:
@@ -122,8 +174,8 @@ def functional_forward(state: dict[str, Tensor], config: TransformerConfig, src:
 
     def feed_forward(x: Tensor, name: str) -> Tensor:
         if move == "ff-after-w2":
-            return drop(linear(torch.relu(linear(x, f"{name}.w1")), f"{name}.w2"))
-        return linear(drop(torch.relu(linear(x, f"{name}.w1"))), f"{name}.w2")
+            return drop(linear(activation(linear(x, f"{name}.w1")), f"{name}.w2"))
+        return linear(drop(activation(linear(x, f"{name}.w1"))), f"{name}.w2")
 
     def residual(x: Tensor, sublayer, norm: str) -> Tensor:
         if config.norm_first:
@@ -143,11 +195,12 @@ def functional_forward(state: dict[str, Tensor], config: TransformerConfig, src:
     x = embed("src_embed.weight", src)
     for i in range(config.n_layers):
         x = encoder_layer(x, f"encoder.layers.{i}")
-    memory = layer_norm(x, "encoder.norm")
+    memory = layer_norm(x, "encoder.norm") if config.final_norm else x
     y = embed("tgt_embed.weight", tgt)
     for i in range(config.n_layers):
         y = decoder_layer(y, memory, f"decoder.layers.{i}")
-    return linear(layer_norm(y, "decoder.norm"), "generator").log_softmax(-1)
+    hidden = layer_norm(y, "decoder.norm") if config.final_norm else y
+    return linear(hidden, "generator").log_softmax(-1)
 
 
 def loss_of(log_probs: Tensor, labels: Tensor, pad_id: int) -> Tensor:

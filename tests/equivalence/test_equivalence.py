@@ -12,6 +12,7 @@ from common.config import TransformerConfig
 from common.random_batch import random_batch
 from common.weights import export_gradients
 from tests.equivalence.test_dropout import DROPOUT_CONFIGS
+from tests.equivalence.test_real_checkpoint_fields import FIELD_CONFIGS
 from tests.helpers import FLOAT64_TOL, reference_and, small_config
 from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 
@@ -116,9 +117,11 @@ def test_same_seed_same_function(norm_first):
 def test_every_config_field_takes_a_non_default_value_in_some_equivalence_test():
     """A variant that ignores a field (hard-codes eps, say) agrees with the reference wherever
     the field keeps its default, so each field must differ from its default in some config
-    that the equivalence tests run: these layouts, or the dropout test's (dropout is only seen
-    in train mode). A new field of TransformerConfig fails here until a layout sets it."""
-    configs = [small_config(**layout.values[0]) for layout in LAYOUTS] + list(DROPOUT_CONFIGS)
+    that the equivalence tests run: these layouts, the dropout test's (dropout is only seen
+    in train mode), or those of the fields for checkpoints trained elsewhere
+    (test_real_checkpoint_fields.py). A new field of TransformerConfig fails here until a layout
+    sets it."""
+    configs = [small_config(**layout.values[0]) for layout in LAYOUTS] + [*DROPOUT_CONFIGS, *FIELD_CONFIGS]
     default = TransformerConfig()
     unexercised = [field.name for field in dataclasses.fields(TransformerConfig)
                    if all(getattr(config, field.name) == getattr(default, field.name)

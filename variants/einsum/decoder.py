@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from common.cache import LayerCache
 from common.config import TransformerConfig
-from common.positions import sinusoid_table
+from common.positions import position_table
 from variants.einsum.decoder_block import DecoderBlock
 
 
@@ -28,11 +28,11 @@ class Decoder(nn.Module):
         self.embed_scale = math.sqrt(config.d_model)  # section 3.4; the source does not scale
         # fixed sinusoids (the source learns its positions); float64, not saved with the weights,
         # cast to the activations' dtype where added
-        self.register_buffer("position_table", sinusoid_table(config.max_seq_len, config.d_model),
-                             persistent=False)  # (max_seq_len, D)
+        self.register_buffer("position_table", position_table(config), persistent=False)  # (max_seq_len, D)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(DecoderBlock(config) for _ in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)  # the source has none
+        # the source has none; a checkpoint's config.final_norm=False has none either
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.final_norm else nn.Identity()
         self.fc_out = nn.Linear(config.d_model, config.tgt_vocab_size)  # D -> V
 
     def forward(

@@ -26,7 +26,7 @@ class DecoderBlock(nn.Module):
         self.norm_first = config.norm_first
         self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.attention = SelfAttention(config)
-        self.transformer_block = TransformerBlock(config)
+        self.transformer_block = TransformerBlock(config, config.decoder_ff_dim)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(

@@ -11,7 +11,7 @@ import math
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
-from common.positions import sinusoid_table
+from common.positions import position_table
 from variants.einsum.transformer_block import TransformerBlock
 
 
@@ -24,11 +24,11 @@ class Encoder(nn.Module):
         self.embed_scale = math.sqrt(config.d_model)  # section 3.4; the source does not scale
         # fixed sinusoids (the source learns its positions); float64, not saved with the weights,
         # cast to the activations' dtype where added
-        self.register_buffer("position_table", sinusoid_table(config.max_seq_len, config.d_model),
-                             persistent=False)  # (max_seq_len, D)
+        self.register_buffer("position_table", position_table(config), persistent=False)  # (max_seq_len, D)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(TransformerBlock(config) for _ in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)  # the source has none
+        self.layers = nn.ModuleList(TransformerBlock(config, config.d_ff) for _ in range(config.n_layers))
+        # the source has none; a checkpoint's config.final_norm=False has none either
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.final_norm else nn.Identity()
 
     def forward(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         x = self.word_embedding(src) * self.embed_scale  # (B, S, D)

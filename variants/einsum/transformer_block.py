@@ -16,6 +16,9 @@ from torch import Tensor, nn
 from common.config import TransformerConfig
 from variants.einsum.self_attention import SelfAttention
 
+# config.activation -> the feed-forward's nonlinearity module: the paper's ReLU, or a checkpoint's
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+
 
 class TransformerBlock(nn.Module):
     """Attention of ``query`` over ``key``/``value``, then the feed-forward network, each in a residual.
@@ -34,18 +37,19 @@ class TransformerBlock(nn.Module):
     ``nn.TransformerEncoderLayer``, and cross-attention reads the encoder output as given.
     """
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: TransformerConfig, d_ff: int) -> None:
         super().__init__()
         self.norm_first = config.norm_first
         self.attention = SelfAttention(config)
         self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
-        # FFN(x) = linear2(dropout(relu(linear1(x)))), as nn.TransformerEncoderLayer places it
+        # FFN(x) = linear2(dropout(relu(linear1(x)))), as nn.TransformerEncoderLayer places it;
+        # F = d_ff, the encoder's or the decoder's width, and ReLU unless config.activation says otherwise
         self.feed_forward = nn.Sequential(OrderedDict(
-            linear1=nn.Linear(config.d_model, config.d_ff),  # D -> F
-            relu=nn.ReLU(),
+            linear1=nn.Linear(config.d_model, d_ff),  # D -> F
+            activation=ACTIVATIONS[config.activation](),
             dropout=nn.Dropout(config.dropout),
-            linear2=nn.Linear(config.d_ff, config.d_model),  # F -> D
+            linear2=nn.Linear(d_ff, config.d_model),  # F -> D
         ))
         self.dropout = nn.Dropout(config.dropout)
 

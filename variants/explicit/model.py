@@ -19,13 +19,14 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.masks import mask_scores
-from common.positions import sinusoid_table
+from common.positions import position_table
 from common.probes import Probe
 from common.weights import Param
 
@@ -43,13 +44,12 @@ class InputEmbedding(nn.Module):
 
 
 class PositionalEncoding(nn.Module):
-    """Adds the fixed sinusoids of section 3.5, then dropout."""
+    """Adds the fixed sinusoids of section 3.5 (or a checkpoint's layout: config.positions), then dropout."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         # float64, not saved with the weights; cast to the activations' dtype where added
-        self.register_buffer("pe", sinusoid_table(config.max_seq_len, config.d_model),
-                             persistent=False)  # (max_seq_len, D)
+        self.register_buffer("pe", position_table(config), persistent=False)  # (max_seq_len, D)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
@@ -74,17 +74,26 @@ class LayerNormalization(nn.Module):
         return self.alpha * (x - mean) / torch.sqrt(var + self.eps) + self.bias  # (B, S, D)
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3)."""
+# config.activation -> the feed-forward's nonlinearity: the paper's ReLU, or a checkpoint's
+ACTIVATIONS = {"relu": torch.relu, "gelu": F.gelu, "silu": F.silu}
 
-    def __init__(self, config: TransformerConfig) -> None:
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3); a
+    checkpoint's config.activation takes the place of max(0, ·).
+
+    ``d_ff`` is the inner width F: config.d_ff in the encoder, config.decoder_ff_dim in the decoder.
+    """
+
+    def __init__(self, config: TransformerConfig, d_ff: int) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(config.d_model, config.d_ff)  # D -> F
-        self.linear2 = nn.Linear(config.d_ff, config.d_model)  # F -> D
+        self.linear1 = nn.Linear(config.d_model, d_ff)  # D -> F
+        self.linear2 = nn.Linear(d_ff, config.d_model)  # F -> D
+        self.activation = ACTIVATIONS[config.activation]  # max(0, ·) unless config says otherwise
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(torch.relu(self.linear1(x))))  # (B, S, D)
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, S, D)
 
 
 class MultiHeadAttention(nn.Module):
@@ -180,7 +189,7 @@ class EncoderBlock(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(config)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = FeedForward(config, config.d_ff)
         self.self_attn_residual = ResidualConnection(config)
         self.feed_forward_residual = ResidualConnection(config)
 
@@ -191,12 +200,12 @@ class EncoderBlock(nn.Module):
 
 
 class Encoder(nn.Module):
-    """N encoder blocks, then a final LayerNorm."""
+    """N encoder blocks, then a final LayerNorm (none under config.final_norm=False)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderBlock(config) for _ in range(config.n_layers))
-        self.norm = LayerNormalization(config)
+        self.norm = LayerNormalization(config) if config.final_norm else nn.Identity()
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
         for layer in self.layers:
@@ -211,7 +220,7 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(config)
         self.cross_attn = MultiHeadAttention(config)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = FeedForward(config, config.decoder_ff_dim)
         self.self_attn_residual = ResidualConnection(config)
         self.cross_attn_residual = ResidualConnection(config)
         self.feed_forward_residual = ResidualConnection(config)
@@ -252,12 +261,12 @@ class DecoderBlock(nn.Module):
 
 
 class Decoder(nn.Module):
-    """N decoder blocks, then a final LayerNorm."""
+    """N decoder blocks, then a final LayerNorm (none under config.final_norm=False)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderBlock(config) for _ in range(config.n_layers))
-        self.norm = LayerNormalization(config)
+        self.norm = LayerNormalization(config) if config.final_norm else nn.Identity()
 
     def forward(
         self, x: Tensor, encoder_output: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
-from common.positions import sinusoid_table
+from common.positions import position_table
 from common.probes import Probe
 from common.weights import Param
 from variants.fused.static import StaticDecoding
@@ -164,17 +164,23 @@ class CrossAttention(Attention):
         return self.attend(self.q_proj(x), cache.cross_keys, cache.cross_values, mask)  # (B, 1, D)
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3)."""
+# config.activation -> the feed-forward's nonlinearity: the paper's ReLU, or a checkpoint's
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
 
-    def __init__(self, config: TransformerConfig) -> None:
+
+class FeedForward(nn.Module):
+    """FFN(x) = act(x W1 + b1) W2 + b2, applied to each position alone (section 3.3); act is
+    config.activation (ReLU in the paper), the inner width d_ff the encoder's or the decoder's."""
+
+    def __init__(self, config: TransformerConfig, d_ff: int) -> None:
         super().__init__()
-        self.linear1 = nn.Linear(config.d_model, config.d_ff)  # D -> F
-        self.linear2 = nn.Linear(config.d_ff, config.d_model)  # F -> D
+        self.linear1 = nn.Linear(config.d_model, d_ff)  # D -> F
+        self.linear2 = nn.Linear(d_ff, config.d_model)  # F -> D
+        self.activation = ACTIVATIONS[config.activation]
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(F.relu(self.linear1(x))))  # (B, S, D)
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))  # (B, S, D)
 
 
 class EncoderLayer(nn.Module):
@@ -184,7 +190,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.norm_first = config.norm_first
         self.self_attn = SelfAttention(config)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = FeedForward(config, config.d_ff)
         self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.dropout = nn.Dropout(config.dropout)  # on each sublayer's output
@@ -206,7 +212,7 @@ class DecoderLayer(nn.Module):
         self.norm_first = config.norm_first
         self.self_attn = SelfAttention(config)
         self.cross_attn = CrossAttention(config)
-        self.feed_forward = FeedForward(config)
+        self.feed_forward = FeedForward(config, config.decoder_ff_dim)
         self.norm1 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.norm2 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
         self.norm3 = nn.LayerNorm(config.d_model, eps=config.norm_eps)
@@ -244,12 +250,12 @@ class DecoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """N encoder layers, then a final LayerNorm."""
+    """N encoder layers, then a final LayerNorm (none under config.final_norm=False)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.final_norm else nn.Identity()
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
         mask = sdpa_mask(src_mask, x.dtype)  # once for every layer
@@ -259,12 +265,12 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """N decoder layers, then a final LayerNorm."""
+    """N decoder layers, then a final LayerNorm (none under config.final_norm=False)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layers))
-        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps)
+        self.norm = nn.LayerNorm(config.d_model, eps=config.norm_eps) if config.final_norm else nn.Identity()
 
     def forward(
         self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None
@@ -297,8 +303,7 @@ class Transformer(StaticDecoding, EncoderDecoder):
         self.src_embed = nn.Embedding(config.src_vocab_size, config.d_model)
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
         # float64, not saved with the weights; cast to the activations' dtype where added
-        self.register_buffer("pe", sinusoid_table(config.max_seq_len, config.d_model),
-                             persistent=False)  # (max_seq_len, D)
+        self.register_buffer("pe", position_table(config), persistent=False)  # (max_seq_len, D)
         self.dropout = nn.Dropout(config.dropout)  # on embeddings + positions
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)

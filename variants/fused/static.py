@@ -163,9 +163,11 @@ class StaticDecoding:
         checks.check_static_step(self, tgt, position, cache.batch_size, cache.max_len)
         cache.position.copy_(position)
         slot = cache.position.view(1)  # (1,)
-        # the slots written up to this position and not padding: a step run again at an earlier
-        # position must not see the later slots a previous pass wrote
-        cache.key_mask.index_copy_(1, slot, tgt != self.config.pad_id)  # (B, max_len)
+        # the slots written up to this position and not padding (the start token at position 0
+        # never is, whatever its id: common.masks.target_padding_mask): a step run again at an
+        # earlier position must not see the later slots a previous pass wrote
+        real = (tgt != self.config.pad_id) | (cache.position == 0)  # (B, 1)
+        cache.key_mask.index_copy_(1, slot, real)  # (B, max_len)
         visible = cache.key_mask & (cache.slots <= cache.position)  # (B, max_len)
         tgt_mask = visible[:, None, None, :]  # (B, 1, 1, max_len)
         x = self._embed_at(self.tgt_embed, tgt, self.pe.index_select(0, slot))  # (B, 1, D)

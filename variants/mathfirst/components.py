@@ -51,17 +51,35 @@ class TokenEmbedding(nn.Module):
         return self.E[ids] * self.scale  # (B, S, D)
 
 
-def positional_encoding_table(max_len: int, d_model: int) -> Tensor:
+def positional_encoding_table(max_len: int, d_model: int, positions: str = "paper",
+                              pad_id: int = 0) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model))
     (section 3.5); (L, D) in float64.
 
     The frequencies 1 / 10000^(2i/d_model) are computed as exp(2i · (−ln 10000 / d_model)).
     An odd d_model has one more sine column than cosine columns.
+
+    ``positions`` names the layout (``TransformerConfig.positions``): "paper" interleaves as
+    above; checkpoints trained elsewhere put the sines in one half and the cosines in the other,
+
+        "marian":   PE(pos) = [sin(pos ω_0), …, sin(pos ω_{D/2−1}) | cos(pos ω_0), …, cos(pos ω_{D/2−1})],
+                    ω_i = 1 / 10000^(2i/d_model), the paper's frequencies;
+        "fairseq":  PE(pos) = [sin(q ω_0), …, sin(q ω_{D/2−1}) | cos(q ω_0), …, cos(q ω_{D/2−1})],
+                    ω_k = 1 / 10000^(k/(D/2 − 1)),  q = pos + pad_id + 1, its first position
+                    after the padding id's (an odd d_model ends in a zero column).
     """
     pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
+    if positions == "fairseq":
+        half = d_model // 2
+        omega = torch.exp(torch.arange(half, dtype=torch.float64) * (-math.log(10000.0) / (half - 1)))
+        q_omega = (pos + pad_id + 1) * omega  # (L, D/2)
+        zero = torch.zeros(max_len, d_model % 2, dtype=torch.float64)
+        return torch.cat([torch.sin(q_omega), torch.cos(q_omega), zero], dim=-1)  # (L, D)
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
     div_term = torch.exp(two_i * (-math.log(10000.0) / d_model))  # (ceil(D/2),)
     angle = pos * div_term  # (L, ceil(D/2))
+    if positions == "marian":
+        return torch.cat([torch.sin(angle), torch.cos(angle[:, : d_model // 2])], dim=-1)  # (L, D)
     pe = torch.empty(max_len, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
@@ -77,7 +95,8 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        self.register_buffer("pe", positional_encoding_table(config.max_seq_len, config.d_model),
+        self.register_buffer("pe", positional_encoding_table(config.max_seq_len, config.d_model,
+                                                             config.positions, config.pad_id),
                              persistent=False)  # (L, D) float64
         self.dropout = nn.Dropout(config.dropout)
 
@@ -242,15 +261,26 @@ def _per_head(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
     return einsum(x, W, "b t d, h d k -> b h t k") + rearrange(b, "h k -> h 1 k")  # (B, H, T, Dh)
 
 
+# φ in FFN(x) = φ(x W_1 + b_1) W_2 + b_2: the paper's max(0, z), or a checkpoint's config.activation
+ACTIVATIONS = {
+    "relu": torch.relu,  # max(0, z)
+    "gelu": lambda z: z * 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))),  # z Φ(z), Φ the normal CDF
+    "silu": lambda z: z * torch.sigmoid(z),  # z σ(z), swish
+}
+
+
 class PositionwiseFeedForward(nn.Module):
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2   (section 3.3, eq. 2), with dropout before W_2.
 
-    The same two matrices act on every position separately.
+    The same two matrices act on every position separately. ``d_ff`` is the inner width F (the
+    decoder's may differ: config.decoder_ff_dim); config.activation may put another φ in place
+    of max(0, ·).
     """
 
-    def __init__(self, config: TransformerConfig) -> None:
+    def __init__(self, config: TransformerConfig, d_ff: int) -> None:
         super().__init__()
-        D, d_ff = config.d_model, config.d_ff
+        D = config.d_model
+        self.phi = ACTIVATIONS[config.activation]
         self.W_1 = xavier_uniform(D, d_ff, fan_in=D, fan_out=d_ff)  # (D, F)
         self.b_1 = nn.Parameter(torch.zeros(d_ff))  # (F,)
         self.W_2 = xavier_uniform(d_ff, D, fan_in=d_ff, fan_out=D)  # (F, D)
@@ -258,5 +288,5 @@ class PositionwiseFeedForward(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = torch.relu(x @ self.W_1 + self.b_1)  # (B, S, F)
+        hidden = self.phi(x @ self.W_1 + self.b_1)  # (B, S, F): φ(x W_1 + b_1), max(0, ·) in the paper
         return self.dropout(hidden) @ self.W_2 + self.b_2  # (B, S, D)

@@ -60,7 +60,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(config)
         self.self_attn_add_norm = AddNorm(config)
-        self.feed_forward = PositionwiseFeedForward(config)
+        self.feed_forward = PositionwiseFeedForward(config, config.d_ff)
         self.feed_forward_add_norm = AddNorm(config)
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
@@ -79,7 +79,7 @@ class DecoderLayer(nn.Module):
         self.self_attn_add_norm = AddNorm(config)
         self.cross_attn = MultiHeadAttention(config)
         self.cross_attn_add_norm = AddNorm(config)
-        self.feed_forward = PositionwiseFeedForward(config)
+        self.feed_forward = PositionwiseFeedForward(config, config.decoder_ff_dim)
         self.feed_forward_add_norm = AddNorm(config)
 
     def forward(
@@ -112,12 +112,13 @@ class DecoderLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """N encoder layers, then a final LayerNorm (as torch.nn.Transformer, in both modes)."""
+    """N encoder layers, then a final LayerNorm (as torch.nn.Transformer, in both modes; none
+    under config.final_norm=False)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.n_layers))
-        self.norm = LayerNorm(config)
+        self.norm = LayerNorm(config) if config.final_norm else nn.Identity()
 
     def forward(self, x: Tensor, src_mask: Tensor | None) -> Tensor:
         for layer in self.layers:
@@ -126,12 +127,13 @@ class Encoder(nn.Module):
 
 
 class Decoder(nn.Module):
-    """N decoder layers, then a final LayerNorm (as torch.nn.Transformer, in both modes)."""
+    """N decoder layers, then a final LayerNorm (as torch.nn.Transformer, in both modes; none
+    under config.final_norm=False)."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.n_layers))
-        self.norm = LayerNorm(config)
+        self.norm = LayerNorm(config) if config.final_norm else nn.Identity()
 
     def forward(
         self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None

@@ -75,7 +75,7 @@ def test_block_normalises_key_and_value_only_when_they_are_the_query(norm_first)
     copy of the query is a different tensor, so it is attended over as given, like the encoder
     output in cross-attention."""
     config = small_config(norm_first=norm_first, dropout=0.0)
-    block = TransformerBlock(config).double().eval()
+    block = TransformerBlock(config, config.d_ff).double().eval()
     generator = torch.Generator().manual_seed(0)
     query = torch.randn(2, 5, config.d_model, dtype=torch.float64, generator=generator)
     other = torch.randn(2, 7, config.d_model, dtype=torch.float64, generator=generator)
@@ -101,3 +101,15 @@ def test_make_masks_use_the_configured_pad_id():
     assert model.make_trg_mask(trg).tolist() == [[[[True, False, False],
                                                    [True, True, False],
                                                    [True, True, False]]]]
+
+
+def test_a_checkpoints_fields_are_chosen_when_built():
+    """The block's feed-forward takes the width it is given (the encoder's d_ff, the decoder's
+    decoder_ff_dim) and config.activation as a module; no final norm is nn.Identity."""
+    config = small_config(final_norm=False, activation="gelu", decoder_d_ff=24)
+    model = build("einsum", config)
+    assert type(model.encoder.norm) is torch.nn.Identity and type(model.decoder.norm) is torch.nn.Identity
+    encoder_ff = model.encoder.layers[0].feed_forward
+    decoder_ff = model.decoder.layers[0].transformer_block.feed_forward
+    assert encoder_ff.linear1.out_features == config.d_ff and decoder_ff.linear1.out_features == 24
+    assert type(encoder_ff.activation) is torch.nn.GELU and type(decoder_ff.activation) is torch.nn.GELU

@@ -72,3 +72,16 @@ def test_only_the_layer_stacks_are_reached_by_index():
     assert lists == ["encoder.layers", "decoder.layers"]
     for layer in (*model.encoder.layers, *model.decoder.layers):
         assert all(not child.isdigit() for child, _ in layer.named_children())
+
+
+def test_a_checkpoints_fields_are_chosen_when_built():
+    """No final norm is nn.Identity (no LayerNorm with gain 1, which would still re-normalise);
+    the feed-forward holds config.activation and each stack's width."""
+    config = small_config(final_norm=False, activation="silu", decoder_d_ff=24)
+    model = build("explicit", config)
+    assert type(model.encoder.norm) is nn.Identity and type(model.decoder.norm) is nn.Identity
+    for stack, width in ((model.encoder, config.d_ff), (model.decoder, 24)):
+        ff = stack.layers[0].feed_forward
+        assert ff.activation is torch.nn.functional.silu and ff.linear1.out_features == width
+    x = torch.randn(5, config.d_model, dtype=torch.float64)
+    assert torch.equal(model.encoder.norm(x), x)

@@ -288,6 +288,28 @@ def test_a_static_step_run_again_at_an_earlier_position_sees_no_later_slot():
     torch.testing.assert_close(hidden, expected, **FLOAT64_TOL)
 
 
+@pytest.mark.parametrize("pad_id", [4, 1])
+def test_a_static_step_sees_a_start_token_equal_to_padding(pad_id):
+    """Marian's decoder starts with the padding id: the static cache opens slot 0 whatever its id
+    (common.masks.target_padding_mask), and a padding id at a later slot stays hidden; each
+    step equals the full decode under a mask written out here."""
+    config = small_config(pad_id=pad_id, decoder_start="pad", positions="marian", final_norm=False)
+    model = build("fused", config, seed=0).double().eval()
+    generator = torch.Generator().manual_seed(2)
+    memory = torch.randn(2, 4, config.d_model, generator=generator, dtype=torch.float64)
+    ids = torch.tensor([[pad_id, 5, 7, 8], [pad_id, 6, pad_id, pad_id]])  # (B, 4): row 1 ended at 2
+    keys = torch.tensor([[True, True, True, True], [True, True, False, False]])  # by hand
+    with torch.no_grad():
+        cache = model.start_static_cache(memory, None, 6)
+        for t in range(4):
+            hidden = model.static_step(ids[:, t:t + 1], torch.tensor(t), cache)  # (B, 1, D)
+            causal = torch.ones(t + 1, t + 1, dtype=torch.bool).tril()  # (t + 1, t + 1)
+            mask = keys[:, None, None, : t + 1] & causal  # (B, 1, t + 1, t + 1)
+            expected = model.decode(ids[:, : t + 1], memory, None, mask)[:, -1:]
+            torch.testing.assert_close(hidden, expected, **FLOAT64_TOL, msg=f"step {t}")
+        assert cache.key_mask[:, :4].tolist() == keys.tolist()
+
+
 # --- which SDPA kernel runs -------------------------------------------------------------------
 
 

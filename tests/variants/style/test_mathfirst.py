@@ -69,6 +69,36 @@ def test_positional_encoding_shift_is_a_fixed_rotation(offset):
     torch.testing.assert_close(shifted, pairs[offset:], atol=1e-12, rtol=0)
 
 
+@pytest.mark.parametrize("d_model", [32, 33])
+def test_positional_encoding_marian_is_the_papers_columns_sines_first(d_model):
+    """Marian: PE(pos) = [sin(pos ω_0) … | cos(pos ω_0) …], ω_i = 1 / 10000^(2i/d), written here in
+    the power form, column by column."""
+    pe = positional_encoding_table(60, d_model, "marian")
+    sines = (d_model + 1) // 2
+    pos = torch.arange(60, dtype=F64)
+    for column in range(d_model):
+        i = column if column < sines else column - sines
+        angle = pos / 10000.0 ** (2 * i / d_model)
+        expected = torch.sin(angle) if column < sines else torch.cos(angle)
+        torch.testing.assert_close(pe[:, column], expected, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("d_model", [32, 33])
+@pytest.mark.parametrize("pad_id", [0, 1])
+def test_positional_encoding_fairseq_starts_after_the_padding_id(d_model, pad_id):
+    """fairseq: PE(pos) = [sin(q ω_k) … | cos(q ω_k) …], ω_k = 1 / 10000^(k/(D/2 − 1)),
+    q = pos + pad_id + 1, an odd width ending in a zero column; written here in the power form."""
+    pe = positional_encoding_table(60, d_model, "fairseq", pad_id)
+    half = d_model // 2
+    q = torch.arange(60, dtype=F64) + pad_id + 1
+    for k in range(half):
+        angle = q / 10000.0 ** (k / (half - 1))
+        torch.testing.assert_close(pe[:, k], torch.sin(angle), atol=1e-12, rtol=0)
+        torch.testing.assert_close(pe[:, half + k], torch.cos(angle), atol=1e-12, rtol=0)
+    if d_model % 2:
+        assert pe[:, -1].abs().max() == 0
+
+
 def test_positional_encoding_adds_the_table_in_the_input_dtype():
     config = small_config(dropout=0.0)
     module = SinusoidalPositionalEncoding(config).eval()
@@ -152,7 +182,7 @@ def test_layer_norm_refuses_a_second_derivative():
 
 def test_feed_forward_treats_each_position_independently():
     config = small_config()
-    ffn = randomize(PositionwiseFeedForward(config))
+    ffn = randomize(PositionwiseFeedForward(config, config.d_ff))
     x = torch.randn(3, 8, config.d_model, dtype=F64)
     y = ffn(x)
     changed = x.clone()
@@ -169,13 +199,30 @@ def test_feed_forward_treats_each_position_independently():
 def test_feed_forward_is_the_equation():
     """max(0, x W_1 + b_1) W_2 + b_2, one position at a time."""
     config = small_config()
-    ffn = randomize(PositionwiseFeedForward(config))
+    ffn = randomize(PositionwiseFeedForward(config, config.d_ff))
     x = torch.randn(2, 3, config.d_model, dtype=F64)
     with torch.no_grad():
         expected = torch.stack([torch.stack([
             torch.clamp(x[b, s] @ ffn.W_1 + ffn.b_1, min=0) @ ffn.W_2 + ffn.b_2
             for s in range(3)]) for b in range(2)])
         torch.testing.assert_close(ffn(x), expected)
+
+
+@pytest.mark.parametrize(("activation", "phi"), [
+    ("relu", lambda z: torch.where(z > 0, z, torch.zeros_like(z))),
+    ("gelu", lambda z: z * 0.5 * torch.special.erfc(-z / math.sqrt(2.0))),  # z Φ(z)
+    ("silu", lambda z: z / (1.0 + torch.exp(-z))),  # z σ(z)
+])
+def test_feed_forward_applies_the_configs_phi(activation, phi):
+    """φ(x W_1 + b_1) W_2 + b_2 with φ the config's activation, at the width the layer is given
+    (the decoder's may differ from the encoder's)."""
+    config = small_config(activation=activation)
+    ffn = randomize(PositionwiseFeedForward(config, 24))
+    assert ffn.W_1.shape == (config.d_model, 24) and ffn.W_2.shape == (24, config.d_model)
+    x = torch.randn(2, 3, config.d_model, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(ffn(x), phi(x @ ffn.W_1 + ffn.b_1) @ ffn.W_2 + ffn.b_2,
+                                   atol=1e-12, rtol=0)
 
 
 # --- attention (section 3.2) ----------------------------------------------------------------
