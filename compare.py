@@ -1,17 +1,20 @@
 """``python compare.py``: every variant side by side on the same work, in one run.
 
 For each block (device x dtype x shape), one table of at most 120 characters with a row per
-variant: parameters; forward, train-step and greedy-decoding speed, each against the ``torch``
-row; the train step's share of the matmul peak and its peak memory; the largest log-probability
-difference from ``torch``. ``--wide`` shows every column; ``--all-decoders`` also times greedy
-decoding by full recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws
-the times.
+variant: forward and train-step speed against the ``torch`` row, cached greedy decoding against
+``fused``'s (torch has no cache), each a ratio paired by round with its 95% interval; the train
+step's peak memory; the largest log-probability difference from ``torch``. Under it the control
+(torch against a copy of itself) and how far the run resolved its ratios. Every row's weights
+are re-placed in fresh memory before each round, so that where they lie varies inside the
+intervals. ``--wide`` shows every column; ``--all-decoders`` also times greedy decoding by full
+recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws the times.
 
     python compare.py                                   # small preset, CPU, float32 (about a minute)
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
     python compare.py --processes 3                     # pooled over three fresh interpreters
+    python compare.py --precision 0.03                  # rounds until every ratio is within ±3%
 
 This file is the command line only: options (``benchmarks.settings.add_options``) -> ``Settings`` ->
 ``benchmarks.run.run`` -> ``benchmarks.render.render``. The method is in ``benchmarks/``.

@@ -9,9 +9,11 @@ The library, one job per module, in the order a run uses them:
     machine        whether the cores are busy, the threads to time with, the OpenMP wait policy
     settings       ``Settings``: everything one run is asked to do, frozen; compare.py's options, -> it
     measured       what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
-    ratios         ratios paired by round with their bootstrap interval; the rounds' shuffled orders
+    ratios         ratios paired by round with their bootstrap interval; the rounds' shuffled orders;
+                   which ratios the table prints and how far each is resolved
     timing         ``torch.utils.benchmark`` timers for the steps and the matmul peak
     memory         the allocator policy, each step's peak memory, the key/value cache's bytes
+    placement      each row's weights re-placed in fresh memory before every round
     failures       telling an out-of-memory apart, and recovering from a failed step
     report         measured rows -> the report (a dict, also the JSON output)
     render         the report as tables (tabulate), JSON or CSV
@@ -44,10 +46,12 @@ The timings are ``timings/bench_*.py`` (pytest-benchmark; ``pytest benchmarks/``
 
 Method:
 - one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);
-- many short rounds (``Settings.rounds``), each timing every row once in a fresh shuffled
-  order (``ratios.round_orders``), the cores' load read in every round; a cell's time is its
-  rounds merged, and each ratio between rows is paired by round, with a 95% bootstrap
-  interval (``ratios.paired_ratio``) and a control: torch timed again as a row of its own;
+- many short rounds (``Settings.rounds``; with ``Settings.precision``, more until every ratio
+  is resolved to it), each timing every row once in a fresh shuffled order
+  (``ratios.round_orders``) after re-placing every row's weights in fresh memory
+  (``placement``), the cores' load read in every round; a cell's time is its rounds merged,
+  and each ratio between rows is paired by round, with a 95% bootstrap interval
+  (``ratios.paired_ratio``) and a control: torch timed again as a row of its own;
 - the thread count is fixed (``Settings.threads``) and reported; CUDA is synchronised by the
   Timer; the entry points choose it from the cores other processes leave free
   (``machine.settle_threads``);

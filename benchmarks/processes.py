@@ -2,8 +2,9 @@
 
     report = run_processes(settings, 3)   # three fresh processes, one report
 
-A process's memory layout, its threads' placement and its allocator's state hold for all of its
-rounds, so one process's rounds share them and its interval cannot see them vary. Each process
+A process's threads' placement and its allocator's state hold for all of its rounds (where its
+weights lie is drawn anew every round: ``benchmarks.placement``), so one process's rounds share
+them and its interval cannot see them vary. Each process
 here runs ``benchmarks.run.run`` on the same settings (its rounds' orders seeded by its index),
 writes its report as JSON, and the reports are pooled: every row's rounds concatenated with
 the index of the process that timed them, so that each ratio's interval resamples processes
@@ -71,6 +72,8 @@ def pool_block(blocks: list[dict], seed: int) -> dict:
                         "seed": [block["rounds"]["seed"] for block in blocks],
                         "others": [value for block in blocks for value in block["rounds"]["others"]],
                         "contended": [flag for block in blocks for flag in block["rounds"]["contended"]],
+                        "replace_s": [seconds for block in blocks
+                                      for seconds in block["rounds"].get("replace_s", [])],
                         "process": [index for index, block in enumerate(blocks)
                                     for _ in block["rounds"]["orders"]]}
     add_ratios(pooled, seed)

@@ -13,12 +13,18 @@ the rounds (``scipy.stats.bootstrap``), seeded so that a report repeats.
 Rounds from several fresh processes (``compare.py --processes N``) carry a process index; they
 pair within their process (its k-th round of a row with its k-th round of torch), and their
 interval resamples processes, then rounds within each (a two-level percentile bootstrap, which
-scipy does not offer): a process's memory layout and thread placement stay fixed through its
-rounds, so rounds of one process are not independent of each other.
+scipy does not offer): a process's thread placement and allocator state stay fixed through its
+rounds (where its weights lie does not: ``benchmarks.placement`` re-places them every round),
+so rounds of one process are not independent of each other.
+
+Last, which ratios a compare.py table prints (``TABLE_RATIOS``: decoding against ``fused``'s
+cached decoding, since torch has no cache) and how far each is resolved (``ratio_widths``, the
+relative half-width of its interval), which ``--precision`` and the table's resolution line read.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import warnings
@@ -29,6 +35,7 @@ import numpy as np
 from scipy import stats
 
 from common.checks import check_int, check_seed
+from variants import REFERENCE
 
 CONFIDENCE = 0.95  # every interval's level
 RESAMPLES = 2000  # bootstrap resamples per interval: a few milliseconds each
@@ -177,19 +184,64 @@ def round_orders(names: Sequence[str], rounds: int, seed: int) -> list[list[str]
     """The order in which each round times the rows: a fresh shuffle per round, from ``seed``
     alone, so that a report's recorded orders can be drawn again (``each_round_order``'s, all
     at once)."""
+    check_int("rounds", rounds, low=0)
     return list(each_round_order(names, rounds, seed))
 
 
-def each_round_order(names: Sequence[str], rounds: int, seed: int) -> Iterator[list[str]]:
+def each_round_order(names: Sequence[str], rounds: int | None, seed: int) -> Iterator[list[str]]:
     """``round_orders``, one round at a time: a run draws each round's order as the round
-    starts, so that ``--rounds 1000000000`` starts timing at once. ValueError or TypeError for a
-    count of rounds or a seed no run could use, before the first order is drawn."""
-    check_int("rounds", rounds, low=0)
+    starts, so that ``--rounds 1000000000`` starts timing at once; ``rounds`` None draws without
+    end (``--precision`` stops when it is met), the same orders as far as they go. ValueError
+    or TypeError for a count of rounds or a seed no run could use, before the first order is
+    drawn."""
+    if rounds is not None:
+        check_int("rounds", rounds, low=0)
     check_seed("seed", seed)
     return draw_orders(list(names), rounds, np.random.default_rng(seed))
 
 
-def draw_orders(names: list[str], rounds: int, rng: np.random.Generator) -> Iterator[list[str]]:
-    """``rounds`` shuffles of ``names`` from ``rng``, drawn as they are asked for."""
-    for _ in range(rounds):
+def draw_orders(names: list[str], rounds: int | None, rng: np.random.Generator) -> Iterator[list[str]]:
+    """``rounds`` shuffles of ``names`` from ``rng`` (None: without end), drawn as they are
+    asked for."""
+    for _ in range(rounds) if rounds is not None else itertools.count():
         yield [names[i] for i in rng.permutation(len(names))]
+
+
+# --- the ratios a compare.py table prints --------------------------------------------------------
+
+# Cached decoding against a cached decoder, like with like: the reference has no key/value cache
+# and recomputes every step, so each row's cached greedy decoding is compared with this row's
+DECODE_BASELINE = "fused"
+DECODE_VS_BASELINE = f"decode_vs_{DECODE_BASELINE}"
+# the control's ratio that stands for a key's resolution (the control is torch's copy, so it has
+# no cached decoding: its decode ratio, full recompute against full recompute, stands in)
+CONTROL_KEY = {DECODE_VS_BASELINE: "decode_vs_torch"}
+# the ratios the compact table prints, which --precision resolves and the resolution line reads:
+# the rows' (key: its title) and the control's
+TABLE_RATIOS = {"forward_vs_torch": "fwd ×torch", "train_vs_torch": "train ×torch",
+                DECODE_VS_BASELINE: f"decode ×{DECODE_BASELINE}"}
+CONTROL_TABLE_RATIOS = {"forward_vs_torch": "fwd", "train_vs_torch": "train", "decode_vs_torch": "decode"}
+
+
+def own_baseline(row: dict, key: str) -> bool:
+    """Whether ``key`` is ``row``'s ratio to itself, 1 by definition: the reference's ×torch,
+    the decode baseline's own decode ratio."""
+    return row["variant"] == (DECODE_BASELINE if key == DECODE_VS_BASELINE else REFERENCE)
+
+
+def ratio_widths(block: dict) -> dict[str, float | None]:
+    """Each ratio the compact table prints (``TABLE_RATIOS``, a row's ratio to itself aside)
+    and each of the control's, by its label ("explicit train ×torch", "torch control fwd"): the
+    relative half-width of its 95% interval, the farther bound's distance from the value over
+    the value (0.03: ±3%), or None without an interval (one round)."""
+    control = block.get("control")
+    found = [(row, key, f"{row['variant']} {title}") for row in block["rows"]
+             for key, title in TABLE_RATIOS.items() if not own_baseline(row, key)]
+    found += [(control, key, f"{control['variant']} {title}")
+              for key, title in CONTROL_TABLE_RATIOS.items()] if control else []
+    widths = {}
+    for row, key, label in found:
+        value, low, high = row.get(key), row.get(f"{key}_low"), row.get(f"{key}_high")
+        if value is not None:
+            widths[label] = None if low is None else max(high / value - 1, 1 - low / value)
+    return widths

@@ -6,37 +6,56 @@ import csv
 import io
 import json
 import sys
+import textwrap
 
 import tabulate as tabulate_module
 from tabulate import tabulate, tabulate_formats
 
+from benchmarks.ratios import (
+    CONTROL_TABLE_RATIOS,
+    DECODE_BASELINE,
+    DECODE_VS_BASELINE,
+    TABLE_RATIOS,
+    own_baseline,
+    ratio_widths,
+)
 from variants import REFERENCE
 
 FORMATS = (*tabulate_formats, "json", "csv")
 
 # The default table: one screen wide (<= 120 characters in the github style at the presets'
-# sizes; decode-only rows, the engines', in a narrow table of their own under it); every number
-# below and in WIDE_COLUMNS stays in the json and csv output.
+# sizes; decode-only rows, the engines', in a narrow table of their own under it; the
+# parameter count, the same in every row, in the header); every number below and in
+# WIDE_COLUMNS stays in the json and csv output.
 RATIO = "ratio"  # a column's format: a paired ratio, with its interval in the wide table
 COMPACT_COLUMNS = [  # (title, report key, format; None = a time with its spread)
     ("variant", "variant", "{}"),
-    ("params M", "params", lambda v: f"{v / 1e6:.2f}"),
     ("fwd ms", "forward_ms", "{:.1f}"),
-    ("×torch", "forward_vs_torch", RATIO),
+    (TABLE_RATIOS["forward_vs_torch"], "forward_vs_torch", RATIO),
     ("train ms", "train_ms", "{:.1f}"),
-    ("×torch", "train_vs_torch", RATIO),
+    (TABLE_RATIOS["train_vs_torch"], "train_vs_torch", RATIO),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
-    ("×torch", "decode_vs_torch", RATIO),
-    ("% peak", "train_pct_peak", "{:.0f}%"),
+    (TABLE_RATIOS[DECODE_VS_BASELINE], DECODE_VS_BASELINE, RATIO),
     ("peak MB", "train_peak_mb", "{:,.0f}"),
     ("max Δ logp", "max_abs_dlogp", "{:.1e}"),
 ]
 DECODE_ONLY_TITLE = "decode-only row"  # the compact form's table of engine and fast-path rows
 SAME_MARK = "≈"
-COMPACT_LEGEND = ("×torch: time / torch's, paired by round (< 1 is faster) · % peak: train FLOP/s / matmul "
-                  "peak · peak MB: train step")
-SAME_LEGEND = (f"{SAME_MARK}: not told apart from torch: its 95% interval holds 1, or it lies inside the "
-               "control's (--wide: intervals)")
+NO_CACHE = "no cache"  # a row that decodes by full recompute, in a cached-decoding ratio's cell
+# the compact table's legend, a line each (the decode lines only with the decode columns)
+COMPACT_LEGEND = (
+    "×torch: the geometric mean over rounds of the row's time / torch's in the same round; < 1 is faster",
+    "ms: a call's median time over rounds, so ms / torch's ms need not equal ×torch · "
+    "peak MB: weights + train step",
+)
+DECODE_LEGEND = (
+    f"decode: greedy with the row's key/value cache, ids per second; ×{DECODE_BASELINE}: time per id / "
+    f"{DECODE_BASELINE}'s, paired alike",
+    f"{REFERENCE} has {NO_CACHE}: it recomputes every step, so its tok/s is full recompute's, not compared",
+)
+SAME_LEGEND = (f"{SAME_MARK}: not told apart from the column's baseline: its 95% interval holds 1, "
+               "or it lies inside the control's")
+NOTE_WIDTH = 118  # a line under a table, after its two spaces of indent
 WIDE_COLUMNS = [  # compare.py --wide: every column
     ("variant", "variant", "{}"),
     ("params M", "params", lambda v: f"{v / 1e6:.2f}"),
@@ -53,7 +72,7 @@ WIDE_COLUMNS = [  # compare.py --wide: every column
     ("train vs torch [95%]", "train_vs_torch", RATIO),
     ("max |Δ logp|", "max_abs_dlogp", "{:.1e}"),
     ("decode tok/s", "decode_tokens_per_s", "{:,.0f}"),
-    ("decode vs torch [95%]", "decode_vs_torch", RATIO),
+    (f"decode vs {DECODE_BASELINE} [95%]", DECODE_VS_BASELINE, RATIO),
     # with all_decoders (compare.py --all-decoders): the other decoders, the cache's speed-up and size
     ("uncached tok/s", "decode_uncached_tokens_per_s", "{:,.0f}"),
     ("beam-4 tok/s", "beam_tokens_per_s", "{:,.0f}"),
@@ -66,14 +85,12 @@ WIDE_COLUMNS = [  # compare.py --wide: every column
     ("train speed-up, compiled [95%]", "train_compile_speedup", RATIO),
 ]
 COMPILE_COLUMNS = {"compile_s", "forward_compile_speedup", "train_compile_speedup"}
-DECODE_COLUMNS = {"decode_tokens_per_s", "decode_vs_torch"}  # cached greedy, unless decode_len 1
+DECODE_COLUMNS = {"decode_tokens_per_s", DECODE_VS_BASELINE}  # cached greedy, unless decode_len 1
 DECODERS_COLUMNS = {"decode_uncached_tokens_per_s", "beam_tokens_per_s", "beam_vs_torch",
                     "decode_cache_speedup", "beam_step_vs_greedy", "cache_bytes_per_token"}
 TIMED_COLUMNS = ("forward_ms", "train_ms", "decode_tokens_per_s", "decode_uncached_tokens_per_s",
                  "beam_tokens_per_s")  # "OOM" or "error" on failure
 MODES = ("forward", "train", "decode_uncached", "decode", "beam")  # by key prefix, longest first
-# the control's line under a table: (label, key)
-CONTROL_RATIOS = (("fwd", "forward_vs_torch"), ("train", "train_vs_torch"), ("decode", "decode_vs_torch"))
 
 
 def render(report: dict, fmt: str, wide: bool = False) -> str:
@@ -93,8 +110,9 @@ def render(report: dict, fmt: str, wide: bool = False) -> str:
             if len(headers) > 1:  # a decode-only table needs its decode columns
                 marked |= any(text.startswith(SAME_MARK) for line in lines for text in line)
                 tables.append(table(lines, headers, fmt))
-        parts.append("\n".join([*header_lines(meta, block), "\n\n".join(tables),
-                                *(f"  {note}" for note in notes(meta, block, wide, marked))]))
+        under = [f"  {line}" for note in notes(meta, block, wide, marked)
+                 for line in textwrap.wrap(note, NOTE_WIDTH, subsequent_indent="  ", break_on_hyphens=False)]
+        parts.append("\n".join([*header_lines(meta, block), "\n\n".join(tables), *under]))
     warnings = warning_lines(report)
     return "\n\n".join(["\n".join(warnings), *parts] if warnings else parts) + "\n"
 
@@ -180,6 +198,8 @@ def cell(result: dict, key: str, fmt, wide: bool = False) -> str:
     value = result.get(key)
     if error and key in TIMED_COLUMNS:
         return "OOM" if error == "OOM" else "error"
+    if key == DECODE_VS_BASELINE and result.get("has_cache") is False and "decode_rounds_s" in result:
+        return NO_CACHE  # full recompute: not compared with cached decoding
     if value is None:
         return "-"
     if fmt is None:
@@ -190,12 +210,13 @@ def cell(result: dict, key: str, fmt, wide: bool = False) -> str:
 
 
 def ratio_text(result: dict, key: str, wide: bool) -> str:
-    """``1.12``, ``≈0.98`` (not told apart from 1: ``key_resolved`` False; the reference's own
-    ratio is 1 by definition and unmarked), or wide ``1.12 [1.09, 1.15]``."""
+    """``1.12``, ``≈0.98`` (not told apart from 1: ``key_resolved`` False; a row's ratio to
+    itself, the reference's ×torch, is 1 by definition and unmarked), or wide
+    ``1.12 [1.09, 1.15]``."""
     value, low, high = result[key], result.get(f"{key}_low"), result.get(f"{key}_high")
     if wide:
         return f"{value:.2f} [{low:.2f}, {high:.2f}]" if low is not None else f"{value:.2f}"
-    unresolved = result.get(f"{key}_resolved") is False and result["variant"] != REFERENCE
+    unresolved = result.get(f"{key}_resolved") is False and not own_baseline(result, key)
     return f"{SAME_MARK}{value:.2f}" if unresolved else f"{value:.2f}"
 
 
@@ -217,8 +238,22 @@ def header_lines(meta: dict, block: dict) -> list[str]:
     busy = busy_line(meta.get("cores", {}), meta["threads"]) if device == "cpu" else None
     threads = f"{meta['threads']} thread{'s' * (meta['threads'] != 1)}"
     return [f"{device}: {model} · {threads} · torch {meta['torch']}{policy}",
-            f"{precision_mode} · preset {meta['preset']} · batch {block['batch']} × src "
-            f"{block['src_len']} × tgt {block['tgt_len']} · {peak}", *([busy] if busy else [])]
+            f"{precision_mode} · preset {meta['preset']}{params_text(block['rows'])} · batch "
+            f"{block['batch']} × src {block['src_len']} × tgt {block['tgt_len']} · {peak}",
+            *([busy] if busy else [])]
+
+
+def params_text(rows: list[dict]) -> str:
+    """`` (9.31M params)``: the rows' parameter count, the same in every variant (a range where
+    rows differ, e.g. a variant of one's own; --wide gives each); empty without one."""
+    counts = sorted({row["params"] for row in rows if row.get("params") is not None})
+    if not counts:
+        return ""
+    def millions(count: int) -> str:
+        return f"{count / 1e6:.2f}M" if count >= 10**5 else f"{count:,}"
+
+    span = millions(counts[0]) + (f"–{millions(counts[-1])}" if len(counts) > 1 else "")
+    return f" ({span} params)"
 
 
 def busy_line(cores: dict, threads: int) -> str | None:
@@ -257,8 +292,11 @@ def notes(meta: dict, block: dict, wide: bool = False, marked: bool = False) -> 
     """The lines under a table: the compact table's legend, the unsteady mark's when a cell
     carries it, a CUDA shape too small to be compute-bound, failures, which SDPA kernels ran,
     the torch fast path, the allocator."""
-    lines = ([] if wide else [COMPACT_LEGEND]) + ([SAME_LEGEND] if marked else [])
-    lines += [line for line in (control_line(block), rounds_line(block)) if line]
+    decoding = any(DECODE_VS_BASELINE in row or "decode_tokens_per_s" in row for row in block["rows"])
+    lines = [] if wide else [*COMPACT_LEGEND, *(DECODE_LEGEND if decoding else ())]
+    lines += [SAME_LEGEND] if marked else []
+    lines += [line for line in (control_line(block), resolution_line(block, wide), rounds_line(block),
+                                placement_line(meta)) if line]
     if block.get("small_shape_warning"):
         lines.append(f"warning: {block['small_shape_warning']}")
     for result in block["rows"]:
@@ -285,15 +323,62 @@ def notes(meta: dict, block: dict, wide: bool = False, marked: bool = False) -> 
 
 
 def control_line(block: dict) -> str | None:
-    """``control, torch against itself: fwd 1.00 [0.98, 1.03] · train ...``: the run's
-    resolution, or None without a control."""
+    """``control, torch ÷ its copy [95%]: fwd 1.00 [0.98, 1.03] · train ...``: the run's
+    resolution, torch timed against a second copy of itself, or None without a control."""
     control = block.get("control")
     if not control:
         return None
     parts = [f"{label} {control[key]:.2f} [{control[f'{key}_low']:.2f}, {control[f'{key}_high']:.2f}]"
-             for label, key in CONTROL_RATIOS
+             for key, label in CONTROL_TABLE_RATIOS.items()
              if control.get(key) is not None and control.get(f"{key}_low") is not None]
-    return f"control, {REFERENCE} against itself: {' · '.join(parts)}" if parts else None
+    return f"control, {REFERENCE} ÷ its copy [95%]: {' · '.join(parts)}" if parts else None
+
+
+def control_warnings(report: dict) -> list[str]:
+    """A line for each of the control's ratios whose interval leaves 1 out: the run measured a
+    difference between two copies of one model, which its intervals (made from the rounds'
+    spread) do not hold, so its ratios for that mode are uncertain by about as much more."""
+    lines = []
+    for block in report["blocks"]:
+        control = block.get("control") or {}
+        where = (f" ({block['device']} {block['dtype']} B={block['batch']} S={block['src_len']} "
+                 f"T={block['tgt_len']})" if len(report["blocks"]) > 1 else "")
+        for key, label in CONTROL_TABLE_RATIOS.items():
+            value, low, high = control.get(key), control.get(f"{key}_low"), control.get(f"{key}_high")
+            if value is None or low is None or low <= 1.0 <= high:
+                continue
+            apart = max(abs(value - 1), 0.01)
+            low_text, high_text = (f"{bound:.2f}" if f"{bound:.2f}" != "1.00" else f"{bound:.3f}"
+                                   for bound in (low, high))  # a bound by 1 shows which side
+            lines.append(f"warning: control {label} {value:.2f} [{low_text}, {high_text}] excludes 1{where}: "
+                         f"{REFERENCE} and its copy differ by {apart:.0%}; "
+                         f"read {label} ratios ±{apart:.0%} wider")
+    return lines
+
+
+def resolution_line(block: dict, wide: bool = False) -> str | None:
+    """``ratios resolved to ±4.1% (95%; widest: explicit train ×torch)``: the widest relative
+    half-width of the ratios the table prints and the control's (``report.ratio_widths``);
+    with --precision, whether it met the precision asked, and if not, what fell short."""
+    widths = ratio_widths(block)
+    if not widths:
+        return None
+    if any(width is None for width in widths.values()):
+        return "ratios unresolved: one round gives no interval"
+    widest = max(widths, key=widths.get)
+    shown = "" if wide else ", in --wide"
+    line = f"ratios resolved to ±{widths[widest]:.1%} (95% intervals{shown}; widest: {widest})"
+    rounds = block.get("rounds") or {}
+    asked = rounds.get("precision")
+    if not asked:
+        return line
+    count = len(rounds.get("orders", []))
+    short = [f"{label} ±{width:.1%}" for label, width in widths.items() if width > asked["target"]]
+    if not short:
+        return f"{line}: within the ±{asked['target']:.1%} asked, after {count} rounds"
+    why = (f"the {asked['max_seconds']:g} s cap stopped it" if not asked["met"] else "stopped")
+    return (f"{line}: not within the ±{asked['target']:.1%} asked; {why} after {count} rounds; "
+            f"short: {', '.join(short)}")
 
 
 def rounds_line(block: dict) -> str | None:
@@ -310,12 +395,25 @@ def rounds_line(block: dict) -> str | None:
             f"{busy} of them on busy cores" + (" (in the intervals)" if busy else ""))
 
 
+def placement_line(meta: dict) -> str | None:
+    """Whether each row's weights were re-placed in fresh memory before every round
+    (``benchmarks.placement``), so that where they lie is inside the intervals; None for a
+    report that does not say (made before the option)."""
+    if "replace_weights" not in meta:
+        return None
+    if meta["replace_weights"]:
+        return "weights re-placed in fresh memory before every round: where they lie is inside the intervals"
+    why = "--compile" if meta.get("compile") else "--no-replace-weights"
+    return f"weights kept in place ({why}): where they lie is not in the intervals"
+
+
 def warning_lines(report: dict) -> list[str]:
     """The lines above every table that say how far to trust it: threads outnumbering the free
-    cores, rounds on busy cores, fewer threads than an idle machine would use."""
+    cores, rounds on busy cores, fewer threads than an idle machine would use, a control that
+    told two copies of torch apart."""
     meta = report["meta"]
-    return [line for line in (contention_line(meta), busy_rounds_line(report), fewer_threads_line(meta))
-            if line]
+    return [*(line for line in (contention_line(meta), busy_rounds_line(report), fewer_threads_line(meta))
+              if line), *control_warnings(report)]
 
 
 def fewer_threads_line(meta: dict) -> str | None:

@@ -14,7 +14,7 @@ import platform
 import torch
 
 from benchmarks.measured import Cell, Row
-from benchmarks.ratios import paired_ratio
+from benchmarks.ratios import CONTROL_KEY, DECODE_BASELINE, DECODE_VS_BASELINE, paired_ratio
 from benchmarks.settings import Settings
 from benchmarks.steps import DECODE_MODES
 from benchmarks.timing import Peak
@@ -45,7 +45,8 @@ def meta(settings: Settings, allocator: str, cores_during: dict | None = None) -
             "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,
             "freeze": s.freeze, "decode_len": s.decode_len, "all_decoders": s.all_decoders,
             "rounds": s.rounds, "min_run_time": s.min_run_time, "control": s.control,
-            "order_seed": s.order_seed, "allocator": allocator,
+            "order_seed": s.order_seed, "replace_weights": s.replacing, "precision": s.precision,
+            "max_seconds": s.max_seconds if s.precision is not None else None, "allocator": allocator,
             "flops": "forward_flops (benchmarks/workload.py); train step = 3x forward",
             "command": s.command}
 
@@ -80,14 +81,11 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float) ->
     flops = {"forward": forward_flops(settings.config, *shape),
              "train": train_flops(settings.config, *shape)}
     params = sum(p.numel() for p in row.model.parameters()) if row.model is not None else None
-    result: dict = {"variant": row.variant, "params": params}
+    result: dict = {"variant": row.variant, "params": params, **rounds_fields(row, settings.modes)}
     for mode in (m for m in settings.modes if m in row.cells):
         cell = row.cells[mode]
-        per_unit = row.decode_positions.get(mode, 1) if mode in DECODE_MODES else 1
-        result[f"{mode}_rounds_s"] = [seconds / per_unit for seconds in cell.rounds] if per_unit else []
         if mode.endswith("_eager"):
             continue
-        result[f"{mode}_error"] = cell.error
         if mode in DECODE_MODES:
             result[f"{mode}_tokens_per_s"] = ratio(row.decode_positions.get(mode), cell.seconds)
             continue
@@ -106,6 +104,21 @@ def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float) ->
             "sdpa_backend_train": row.sdpa_backends.get("train")}
 
 
+def rounds_fields(row: Row, modes: tuple[str, ...]) -> dict:
+    """What the ratios are made of, so far: per mode each round's time (``{mode}_rounds_s``:
+    seconds per step, per generated id for decoding) and its error, and whether the row's model
+    decodes with a key/value cache (None: no model of its own, an engine's row, which does)."""
+    fields: dict = {"has_cache": bool(getattr(row.model, "has_cache", False))
+                    if row.model is not None else None}
+    for mode in (m for m in modes if m in row.cells):
+        cell = row.cells[mode]
+        per_unit = row.decode_positions.get(mode, 1) if mode in DECODE_MODES else 1
+        fields[f"{mode}_rounds_s"] = [seconds / per_unit for seconds in cell.rounds] if per_unit else []
+        if not mode.endswith("_eager"):
+            fields[f"{mode}_error"] = cell.error
+    return fields
+
+
 # Ratios against the reference row, paired by round: (key, mode)
 VS_TORCH = [(f"{mode}_vs_torch", mode) for mode in ("forward", "train", *DECODE_MODES)]
 # Ratios inside one row, paired by round: (key, numerator mode, denominator mode)
@@ -122,6 +135,7 @@ def add_ratios(block: dict, seed: int = 0) -> None:
     control's interval (torch against itself) for that mode."""
     reference = next((row for row in block["rows"] if row["variant"] == REFERENCE), None)
     control = block.get("control")
+    baseline = next((row for row in block["rows"] if row["variant"] == DECODE_BASELINE), None)
     for row in [*block["rows"], *([control] if control else [])]:
         for key, mode in VS_TORCH:
             if f"{mode}_rounds_s" in row:
@@ -133,8 +147,13 @@ def add_ratios(block: dict, seed: int = 0) -> None:
                 numerators, denominators, processes = rounds_of(row, row, top, bottom)
                 found = paired_ratio(numerators, denominators, **processes, seed=seed)
                 row.update(found.as_dict(key) if found else empty_ratio(key))
+    for row in block["rows"]:  # cached against cached: not the rows that recompute (has_cache False)
+        if "decode_rounds_s" in row and row.get("has_cache") is not False:
+            top, bottom, processes = rounds_of(row, baseline, "decode")
+            found = paired_ratio(top, bottom, **processes, seed=seed)
+            row.update(found.as_dict(DECODE_VS_BASELINE) if found else empty_ratio(DECODE_VS_BASELINE))
     for row in block["rows"]:
-        for key, _ in VS_TORCH:
+        for key in (*(key for key, _ in VS_TORCH), DECODE_VS_BASELINE):
             if row.get(key) is not None:
                 row[f"{key}_resolved"] = resolved(row, key, control)
 
@@ -163,8 +182,9 @@ def resolved(row: dict, key: str, control: dict | None) -> bool:
     low, high, value = row.get(f"{key}_low"), row.get(f"{key}_high"), row[key]
     if low is None or low <= 1.0 <= high:
         return False
-    if control and control.get(f"{key}_low") is not None:
-        return not control[f"{key}_low"] <= value <= control[f"{key}_high"]
+    control_key = CONTROL_KEY.get(key, key)
+    if control and control.get(f"{control_key}_low") is not None:
+        return not control[f"{control_key}_low"] <= value <= control[f"{control_key}_high"]
     return True
 
 

@@ -5,15 +5,18 @@
 
 Each block (a device, a dtype, a shape) builds a row per variant with the reference's weights,
 checks their log-probs against the reference, warms every step up, times the steps in
-interleaved rounds beside the matmul peak, then measures each step's peak memory and the bytes
-of each key/value cache. Deployment engines (``settings.engines``) join a CPU float32 block as
-decode-only rows holding the reference's weights, timed in the same rounds.
+interleaved rounds beside the matmul peak (each round after re-placing every row's weights in
+fresh memory; with ``--precision``, rounds until every ratio is resolved to it), then measures
+each step's peak memory and the bytes of each key/value cache. Deployment engines
+(``settings.engines``) join a CPU float32 block as decode-only rows holding the reference's
+weights, timed in the same rounds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,8 +31,9 @@ from benchmarks.failures import recover, release
 from benchmarks.machine import during, read_sample
 from benchmarks.measured import Cell, Row
 from benchmarks.memory import cache_bytes, keep_freed_memory, model_bytes, profile_step, sdpa_backend
-from benchmarks.ratios import each_round_order
-from benchmarks.report import block_result, meta, row_result
+from benchmarks.placement import Placement
+from benchmarks.ratios import each_round_order, ratio_widths
+from benchmarks.report import add_ratios, block_result, meta, rounds_fields, row_result
 from benchmarks.settings import Settings
 from benchmarks.steps import (
     DECODE_MODES,
@@ -76,19 +80,36 @@ class Block:
 
 def run(settings: Settings) -> dict:
     """Measure every (device, dtype, shape) block of ``settings``; return the report."""
+    deadline = perf_counter() + settings.max_seconds  # --precision's cap on adding rounds
     plan = list(itertools.product(settings.devices, settings.dtypes, settings.shapes))
-    phases_per_block = (2 + len(settings.variants) + len(settings.engines)
-                        + settings.rounds * len(settings.modes))
     with configured_process(settings) as allocator, \
-            tqdm(total=len(plan) * phases_per_block, disable=not settings.show_progress,
-                 unit="phase", dynamic_ncols=True) as bar:
+            tqdm(total=sum(block_phases(settings, device, dtype_name) for device, dtype_name, _ in plan),
+                 disable=not settings.show_progress, unit="phase", dynamic_ncols=True) as bar:
         started = read_sample()  # others' use of the cores across the run, against the one before
-        blocks = [run_block(settings, device, dtype_name, shape, bar) for device, dtype_name, shape in plan]
+        blocks = [run_block(settings, device, dtype_name, shape, bar, deadline)
+                  for device, dtype_name, shape in plan]
         cores = during(started, read_sample(), settings.threads)
     return {"meta": meta(settings, allocator, cores), "blocks": blocks}
 
 
-def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, bar: tqdm) -> dict:
+def block_phases(settings: Settings, device: str, dtype_name: str) -> int:
+    """How many phases ``run_block`` counts on the progress bar for one block: the log-prob
+    check, a warm-up per timed row (the control's too), the engines' export where they join,
+    every mode of every round (``--precision`` adds its further rounds as they start), the peak
+    memory."""
+    timed = len(settings.variants) + int(settings.control and REFERENCE in settings.variants)
+    exports = int(engines_join(settings, device, dtype_name))
+    return 1 + timed + exports + settings.rounds * len(settings.modes) + 1
+
+
+def engines_join(settings: Settings, device: str, dtype_name: str) -> bool:
+    """Whether the engines' decode rows join this block: CPU float32 blocks only (the engines
+    run on the CPU here, and their own reduced precision is their int8 row)."""
+    return bool(settings.engines) and device == "cpu" and dtype_name == "float32" and not settings.autocast
+
+
+def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, bar: tqdm,
+              deadline: float = math.inf) -> dict:
     """One block, in its phases: build, check, warm up, time, measure memory, report."""
     batch = random_batch(settings.config, *shape, seed=settings.seed, device=device)
     autocast = autocast_region(device, DTYPES[dtype_name], settings.autocast)
@@ -105,7 +126,7 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
     reference = next(row for row in rows if row.variant == REFERENCE)
     with tempfile.TemporaryDirectory(prefix="compare-engines-") as exported:
         engines = build_engine_rows(settings, block, reference, exported, bar)
-        peak, rounds = time_rounds(timed + engines, settings, block, bar)
+        peak, rounds = time_rounds(timed + engines, settings, block, bar, deadline)
     with phase(bar, f"{block.where}: peak memory"):
         measure_memory([row for row in timed if row.variant != CONTROL], block)
     results = [row_result(row, settings, shape, peak.flops_per_second) for row in timed + engines]
@@ -165,9 +186,9 @@ def build_rows(settings: Settings, block: Block) -> list[Row]:
 def build_engine_rows(settings: Settings, block: Block, reference: Row, directory: str,
                       bar: tqdm) -> list[Row]:
     """The deployment engines' rows, warmed up: each exports the reference's weights under
-    ``directory`` (before any timing) and times only decoding. CPU float32 blocks only: the
-    engines run on the CPU here, and their own reduced precision is their int8 row."""
-    if not settings.engines or block.device != "cpu" or block.dtype_name != "float32" or settings.autocast:
+    ``directory`` (before any timing) and times only decoding; where they join the block
+    (``engines_join``), else none."""
+    if not engines_join(settings, block.device, block.dtype_name):
         return []
     with phase(bar, f"{block.where}: exporting to {', '.join(settings.engines)}"):
         exported = engine_rows(reference.model, block.batch, settings.decode_len, directory,
@@ -274,33 +295,66 @@ def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[
     return steps
 
 
-def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm) -> tuple[Peak, dict]:
-    """Rounds: the matmul peak, then each mode for every row once, the rows in a fresh shuffled
-    order each round, so that drift and bursts of other work hit rows at random rather than
-    always the same one. Returns the matmul peak (at this model's GEMM shapes and a large
-    square) and the rounds' record: their orders, and other processes' use of the cores in each
-    (cores' worth) with whether it left fewer free cores than the run's threads."""
+def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm,
+                deadline: float = math.inf) -> tuple[Peak, dict]:
+    """Rounds: each row's weights re-placed in fresh memory (``settings.replacing``), the
+    matmul peak, then each mode for every row once, the rows in a fresh shuffled order each
+    round, so that drift, bursts of other work and where each model's weights lie hit rows at
+    random rather than always the same one. ``settings.rounds`` rounds; with
+    ``settings.precision``, more until ``precision_met`` or until the clock passes ``deadline``.
+    Returns the matmul peak (at this model's GEMM shapes and a large square) and the rounds'
+    record: their orders, and other processes' use of the cores in each (cores' worth) with
+    whether it left fewer free cores than the run's threads, the seconds each re-placing took
+    (none when not re-placing); with precision, whether it was met."""
     peak = MatmulPeak(block.device, block.dtype, settings.threads,
                       gemm_shapes(settings.config, block.shape, block.device))
     by_name = {row.variant: row for row in timed}
-    orders, others, contended = [], [], []
+    placement = Placement(settings.order_seed) if settings.replacing else None
+    orders, others, contended, replacing = [], [], [], []
+    adaptive = settings.precision is not None
+    met = False
     # each round's order drawn as it starts (the same orders as round_orders'): a run of many
-    # rounds starts timing at once
-    drawn = each_round_order(list(by_name), settings.rounds, settings.order_seed)
+    # rounds starts timing at once, and --precision's draws as many as it needs
+    drawn = each_round_order(list(by_name), None if adaptive else settings.rounds, settings.order_seed)
     for round_index, order in enumerate(drawn):
+        if round_index >= settings.rounds:  # --precision's further rounds: stop, or count one more
+            if met or perf_counter() >= deadline:
+                break
+            bar.total = (bar.total or 0) + len(settings.modes)
+            bar.refresh()
         orders.append(order)
         started = read_sample()
+        if placement:
+            moving = perf_counter()
+            placement.replace((by_name[name].model for name in order), block.device)
+            replacing.append(perf_counter() - moving)
         peak.measure()
+        of = "" if adaptive else f"/{settings.rounds}"
         for mode in settings.modes:
-            with phase(bar, f"{block.where}: {mode.replace('_', ' ')}, "
-                            f"round {round_index + 1}/{settings.rounds}"):
+            with phase(bar, f"{block.where}: {mode.replace('_', ' ')}, round {round_index + 1}{of}"):
                 for name in order:
                     time_cell(by_name[name], mode, settings, block)
         cores = during(started, read_sample(), settings.threads)
         others.append(cores["others_during"] if cores else None)
         contended.append(cores["contended_during"] if cores else None)
-    return peak.peak(), {"orders": orders, "seed": settings.order_seed, "others": others,
-                         "contended": contended}
+        if adaptive and round_index + 1 >= settings.rounds:
+            met = precision_met(timed, settings)
+    record = {"orders": orders, "seed": settings.order_seed, "others": others, "contended": contended,
+              "replace_s": replacing}
+    if adaptive:
+        record["precision"] = {"target": settings.precision, "met": met, "max_seconds": settings.max_seconds}
+    return peak.peak(), record
+
+
+def precision_met(timed: list[Row], settings: Settings) -> bool:
+    """Whether every ratio the table prints, and the control's, is resolved to within
+    ``settings.precision`` by the rounds so far (``report.ratio_widths``, the same intervals
+    the report will give, from the same seed)."""
+    fields = [{"variant": row.variant, **rounds_fields(row, settings.modes)} for row in timed]
+    control = next((row for row in fields if row["variant"] == CONTROL), None)
+    block = {"rows": [row for row in fields if row is not control], "control": control}
+    add_ratios(block, settings.seed)
+    return all(width is not None and width <= settings.precision for width in ratio_widths(block).values())
 
 
 def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:

@@ -13,7 +13,7 @@ from benchmarks.machine import WAIT_POLICIES, ThreadChoice, wait_policy_problem
 from benchmarks.plot import matplotlib_problem, path_problem
 from benchmarks.render import FORMATS
 from benchmarks.workload import DTYPES, TIMING_PRESETS, Shape, check_lengths, paired_shapes
-from common.checks import check_int, check_seed
+from common.checks import check_int, check_number, check_seed
 from common.cli import positive, seed_int
 from common.config import TransformerConfig
 from variants import VARIANTS, ordered
@@ -22,6 +22,9 @@ from variants import VARIANTS, ordered
 # ratios, which the interval over rounds shows, instead of one row's whole time.
 ROUNDS = 10
 MIN_RUN_TIME = 0.05
+# --precision's cap on the whole run's seconds: rounds are added until each ratio is resolved
+# to the precision asked, or until this
+MAX_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -42,10 +45,18 @@ class Settings:
     threads: int = field(default_factory=torch.get_num_threads)  # CPU threads, set for the run
     thread_choice: ThreadChoice | None = None  # how `threads` was chosen and how busy the cores
     # were before the run (benchmarks.machine.settle_threads); None: not checked
-    rounds: int = ROUNDS  # rounds; each times every row once, in a fresh shuffled order
+    rounds: int = ROUNDS  # rounds (with precision: the least); each times every row once, in a
+    # fresh shuffled order
     min_run_time: float = MIN_RUN_TIME  # seconds of a cell's block of calls a round (at least one)
     control: bool = True  # time a second, separately built torch row: the run's resolution
-    order_seed: int = 0  # seeds the rounds' shuffled orders (a process of --processes N: its index)
+    order_seed: int = 0  # seeds the rounds' shuffled orders and the weights' re-placing (a
+    # process of --processes N: its index)
+    replace_weights: bool = True  # before every round, copy each row's weights to fresh memory
+    # behind a random gap (benchmarks.placement), so that where they lie varies inside the
+    # intervals; not with compile (the compiled graphs hold the weights)
+    precision: float | None = None  # with it, rounds past `rounds` (then the least) until every
+    # ratio's 95% interval is within ±precision of it (0.03: ±3%), or until max_seconds
+    max_seconds: float = MAX_SECONDS  # with precision: no round starts once the run is this old
     decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column
     all_decoders: bool = False  # also greedy by full recompute and beam 4 (compare.py --all-decoders)
     seed: int = 0  # the weights' and the batch's seed
@@ -56,10 +67,20 @@ class Settings:
 
     def __post_init__(self) -> None:
         """The numbers a run would otherwise trip on only after timing: its seeds (the intervals'
-        resampling is seeded too; ``common.checks.check_seed``) and its rounds."""
+        resampling is seeded too; ``common.checks.check_seed``), its rounds, the precision asked
+        (a fraction below 1) and the time cap."""
         check_seed("Settings.seed", self.seed)
         check_seed("Settings.order_seed", self.order_seed)
         check_int("Settings.rounds", self.rounds, low=1)
+        if self.precision is not None:
+            check_number("Settings.precision", self.precision, high=1.0)
+        check_number("Settings.max_seconds", self.max_seconds)
+
+    @property
+    def replacing(self) -> bool:
+        """Whether the run re-places the rows' weights before each round: asked for, and no
+        compiled graph holds them."""
+        return self.replace_weights and not self.compile
 
     @property
     def modes(self) -> tuple[str, ...]:
@@ -114,13 +135,25 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="also draw the times relative to torch as a PNG (needs the plot extra)")
     parser.add_argument("--rounds", type=positive(int), default=ROUNDS,
                         help="rounds, each timing every row once in a fresh shuffled order; ratios "
-                             f"are paired by round, with 95%% intervals over them (default {ROUNDS})")
+                             f"are paired by round, with 95%% intervals over them (default {ROUNDS}; "
+                             "with --precision, the least)")
     parser.add_argument("--min-run-time", type=positive(float), default=MIN_RUN_TIME, metavar="SECONDS",
                         help="seconds of a cell's block of calls in a round, at least one call "
                              f"(default {MIN_RUN_TIME})")
     parser.add_argument("--no-control", action="store_true",
                         help="do not time torch a second time as the control (torch against itself, "
                              "the run's resolution; on by default)")
+    parser.add_argument("--precision", type=positive(float), metavar="FRACTION",
+                        help="add rounds past --rounds (then the least) until every ratio's 95%% "
+                             "interval is within ±FRACTION of it (0.03: ±3%%), or --max-seconds; says "
+                             "which fell short")
+    parser.add_argument("--max-seconds", type=positive(float), metavar="SECONDS",
+                        help="with --precision: start no round once the run is this old "
+                             f"(default {MAX_SECONDS:g})")
+    parser.add_argument("--replace-weights", action=argparse.BooleanOptionalAction, default=True,
+                        help="before every round, copy each row's weights to fresh memory behind a random "
+                             "gap, so that where they lie varies inside the intervals (default on; "
+                             "not with --compile)")
     parser.add_argument("--processes", type=positive(int), default=1, metavar="N",
                         help="repeat the measurement in N fresh interpreters and pool their rounds; "
                              "intervals then resample processes, then rounds (default 1)")
@@ -157,8 +190,9 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
     engines = tuple(name for name in dict.fromkeys(args.variants) if name in ENGINES)
     problems = [
         engines_problem(engines, args.decode_len, device=args.device, dtypes=tuple(args.dtype),
-                        autocast=args.autocast),
+                        autocast=args.autocast, config=config),
         "--freeze is an option of --compile; give both" if args.freeze and not args.compile else None,
+        precision_problem(args),
         wait_policy_problem(args.omp_wait_policy, environ),
         # before any timing: a run must not end in a table or a picture it cannot write
         args.output and path_problem(args.output, "--output", suffix=None),
@@ -174,7 +208,20 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
         autocast=args.autocast, compile=args.compile, freeze=args.freeze,
         threads=args.threads or torch.get_num_threads(),  # compare.py settles it on the free cores
         rounds=args.rounds, min_run_time=args.min_run_time, control=not args.no_control,
+        replace_weights=args.replace_weights, precision=args.precision,
+        max_seconds=MAX_SECONDS if args.max_seconds is None else args.max_seconds,
         decode_len=args.decode_len, all_decoders=args.all_decoders, seed=args.seed,
         keep_freed_memory=args.malloc == "keep", torch_fast_path=not args.no_torch_fast_path,
         show_progress=not args.quiet, command=command)
 
+
+
+def precision_problem(args: argparse.Namespace) -> str | None:
+    """Why --precision or --max-seconds cannot run as given, or None."""
+    if args.max_seconds is not None and args.precision is None:
+        return "--max-seconds is an option of --precision; give both"
+    if args.precision is not None and args.precision >= 1:
+        return f"--precision is a fraction of each ratio below 1 (0.03: ±3%), got {args.precision:g}"
+    if args.precision is not None and args.processes > 1:
+        return "--precision adds rounds in one process; with --processes N give --rounds instead"
+    return None

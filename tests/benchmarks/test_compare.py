@@ -313,8 +313,8 @@ def test_failed_cells_read_oom_or_error_and_the_error_is_noted_under_the_table()
     text = render({"meta": meta, "blocks": [block]}, "plain")
     explicit, torch_row = (next(line.split() for line in text.splitlines() if line.startswith(name))
                            for name in ("explicit", "torch "))
-    assert explicit[2:5] == ["OOM", "-", "2.0"]  # fwd ms, ×torch, train ms
-    assert torch_row[2] == "error"
+    assert explicit[1:4] == ["OOM", "-", "2.0"]  # fwd ms, fwd ×torch, train ms
+    assert torch_row[1] == "error"
     wide = render({"meta": meta, "blocks": [block]}, "plain", wide=True)
     explicit = next(line.split() for line in wide.splitlines() if line.startswith("explicit"))
     assert explicit[2:5] == ["OOM", "2.0", "(0.2)"]  # fwd ms (IQR), train ms (IQR)
@@ -372,8 +372,8 @@ def titles(text: str) -> str:
 
 # --- the compact default table and the SDPA kernel each row ran -------------------------------
 
-COMPACT_TITLES = ["variant", "params M", "fwd ms", "×torch", "train ms", "×torch", "decode tok/s",
-                  "×torch", "% peak", "peak MB", "max Δ logp"]
+COMPACT_TITLES = ["variant", "fwd ms", "fwd ×torch", "train ms", "train ×torch", "decode tok/s",
+                  "decode ×fused", "peak MB", "max Δ logp"]
 
 
 @TINY_REPORT
@@ -384,8 +384,8 @@ def test_the_default_table_fits_120_characters_and_wide_shows_every_column(tiny_
     assert [title.strip() for title in table[0].strip("|").split("|")] == COMPACT_TITLES
     assert max(map(len, compact.splitlines())) <= 120, compact
     wide = titles(render(tiny_report, "github", wide=True))
-    for title in ("fwd ms (IQR)", "train tok/s", "fwd GFLOP/s", "train % peak", "fwd peak MB",
-                  "fwd vs torch", "decode vs torch"):
+    for title in ("params M", "fwd ms (IQR)", "train tok/s", "fwd GFLOP/s", "train % peak", "fwd peak MB",
+                  "fwd vs torch", "decode vs fused"):
         assert title in wide and title not in table[0], title
 
 

@@ -285,6 +285,14 @@ def test_a_run_records_its_orders_and_times_a_control_unless_told_not_to():
 
 # --- what the table, json and csv say -----------------------------------------------------------
 
+
+def cells_by_title(text: str) -> dict[str, dict[str, str]]:
+    """variant -> column title -> its cell, from the first github table of ``text``."""
+    cells = table_cells(text)
+    titles = next(line for line in text.splitlines() if line.startswith("| variant"))
+    titles = [title.strip() for title in titles.strip("|").split("|")]
+    return {name: dict(zip(titles, row, strict=True)) for name, row in cells.items() if name != "variant"}
+
 SLOWER = [1.30, 1.32, 1.28, 1.31, 1.29, 1.30]  # explicit 30% slower than torch in every round
 TORCH = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
 NOISY = [1.3, 0.7, 1.2, 0.8, 1.25, 0.75]  # as fast as torch on the whole, but noisy
@@ -293,12 +301,12 @@ NOISY = [1.3, 0.7, 1.2, 0.8, 1.25, 0.75]  # as fast as torch on the whole, but n
 def test_a_ratio_whose_interval_holds_one_is_shown_as_not_told_apart():
     report = report_with({"explicit": {"forward": SLOWER, "train": NOISY},
                           "torch": {"forward": TORCH, "train": TORCH}})
-    explicit = table_cells(render(report, "github"))["explicit"]
+    explicit = cells_by_title(render(report, "github"))["explicit"]
     expected = math.exp(statistics.mean(math.log(a / b) for a, b in zip(SLOWER, TORCH, strict=True)))
-    assert explicit[3] == f"{expected:.2f}"  # fwd ×torch: told apart, no mark
-    assert explicit[5].startswith(SAME_MARK)  # train ×torch: its interval holds 1
-    assert table_cells(render(report, "github"))["torch"][3] == "1.00"  # 1 by definition
-    assert f"{SAME_MARK}: not told apart from torch" in render(report, "github")
+    assert explicit["fwd ×torch"] == f"{expected:.2f}"  # told apart, no mark
+    assert explicit["train ×torch"].startswith(SAME_MARK)  # its interval holds 1
+    assert cells_by_title(render(report, "github"))["torch"]["fwd ×torch"] == "1.00"  # 1 by definition
+    assert f"{SAME_MARK}: not told apart from the column's baseline" in render(report, "github")
 
 
 def test_a_ratio_inside_the_controls_interval_is_not_told_apart():
@@ -311,10 +319,10 @@ def test_a_ratio_inside_the_controls_interval_is_not_told_apart():
     with_control = report_with({"explicit": {"forward": explicit, "train": explicit},
                                 "torch": {"forward": TORCH, "train": TORCH},
                                 CONTROL: {"forward": control, "train": control}})
-    assert not table_cells(render(alone, "github"))["explicit"][3].startswith(SAME_MARK)
-    assert table_cells(render(with_control, "github"))["explicit"][3].startswith(SAME_MARK)
+    assert not cells_by_title(render(alone, "github"))["explicit"]["fwd ×torch"].startswith(SAME_MARK)
+    assert cells_by_title(render(with_control, "github"))["explicit"]["fwd ×torch"].startswith(SAME_MARK)
     lines = render(with_control, "github").splitlines()
-    assert any(line.startswith("  control, torch against itself: fwd ") for line in lines)
+    assert any(line.startswith("  control, torch ÷ its copy [95%]: fwd ") for line in lines)
     (block,) = with_control["blocks"]
     assert block["control"]["forward_vs_torch_low"] <= 1.03 <= block["control"]["forward_vs_torch_high"]
 
