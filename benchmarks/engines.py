@@ -1,7 +1,11 @@
 """Decode rows for the deployment engines, ONNX Runtime and CTranslate2 (float32 and int8), and
 for plain PyTorch's fast path beside them (``seq2seq.fast.static_search``, float32 only): "inductor",
 fused's static step compiled with inductor freezing; "onednn", the same step eager with its
-linears on oneDNN (``seq2seq.fast.onednn``). Both take greedy's argmax over the logits.
+linears on oneDNN (``seq2seq.fast.onednn``). Both take greedy's argmax over the logits. And the
+implementation people run: "hf-marian", Hugging Face's ``MarianMTModel`` holding the same
+weights (``seq2seq.hub.convert.marian_model``; a config it can compute, such as ``--preset
+opus-mt-base``), whose row times the forward (logits, then log_softmax) as well as ``generate``'s
+greedy decoding and beam search (beam 4, its own length penalty 1.0).
 
     rows = engine_rows(model, batch, max_len=65, directory=tmp, threads=2)
     for row in rows:                      # "onnxruntime float32", ..., "ctranslate2 int8"
@@ -30,23 +34,26 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.steps import beam_step, decode_step
+from common.config import TransformerConfig
 from common.random_batch import Batch
-from common.weights import transfer
+from common.weights import export_weights, transfer
 from seq2seq.data.ids import BOS_ID, timing_eos_id
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
+from seq2seq.hub.convert import marian_model, marian_problem
 from seq2seq.search.beam import ALPHA, BEAM_SIZE
 from variants import build, variant_argument
 
 if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for
     from seq2seq.deploy.ctranslate import CTranslate2Model
 
-ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn")
+ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn", "hf-marian")
 FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True)}
 PRECISIONS = ("float32", "int8")
 ENGINE_MODES = ("decode", "beam")  # the decode modes an engine row has (no full-recompute decode)
-# the module each engine needs: the deploy extra, pip install -e ".[deploy]"
+# the modules each engine needs, and the extra that installs them (pip install -e ".[deploy]")
 ENGINE_MODULES = {"onnxruntime": ("onnx", "onnxscript", "onnxruntime"), "ctranslate2": ("ctranslate2",),
-                  "inductor": (), "onednn": ()}
+                  "inductor": (), "onednn": (), "hf-marian": ("transformers",)}
+ENGINE_EXTRAS = {"hf-marian": "hf"}  # the others': deploy
 
 
 def row_argument(text: str) -> str:
@@ -55,11 +62,15 @@ def row_argument(text: str) -> str:
 
 
 def engines_problem(engines: tuple[str, ...], decode_len: int, *, device: str = "cpu",
-                    dtypes: tuple[str, ...] = ("float32",), autocast: bool = False) -> str | None:
+                    dtypes: tuple[str, ...] = ("float32",), autocast: bool = False,
+                    config: TransformerConfig | None = None) -> str | None:
     """Why compare.py cannot time these engine rows (nothing to decode, no CPU float32 block
-    for them to join, or the deploy extra missing), or None; checked before any work."""
+    for them to join, an extra missing, or, for hf-marian, a ``config`` MarianMTModel cannot
+    compute), or None; checked before any work."""
     if not engines:
         return None
+    if "hf-marian" in engines and config is not None and (problem := marian_problem(config)):
+        return f"the hf-marian row: {problem}"
     rows = f"the {', '.join(engines)} rows"
     if decode_len == 1:
         return f"{rows} time decoding only: give --decode-len above 1"
@@ -71,12 +82,14 @@ def engines_problem(engines: tuple[str, ...], decode_len: int, *, device: str = 
 
 def missing_extra(engines: tuple[str, ...]) -> str | None:
     """Why the ``engines`` rows cannot run here (a module of the deploy extra missing), or None."""
-    missing = [module for engine in engines for module in ENGINE_MODULES[engine]
-               if importlib.util.find_spec(module) is None]
+    missing = {engine: [module for module in ENGINE_MODULES[engine]
+                        if importlib.util.find_spec(module) is None] for engine in engines}
+    missing = {engine: modules for engine, modules in missing.items() if modules}
     if not missing:
         return None
-    return (f"the {', '.join(engines)} rows need {', '.join(missing)}: "
-            'pip install -e ".[deploy]"')
+    extras = ",".join(dict.fromkeys(ENGINE_EXTRAS.get(engine, "deploy") for engine in missing))
+    return (f"the {', '.join(missing)} rows need {', '.join(m for ms in missing.values() for m in ms)}: "
+            f'pip install -e ".[{extras}]"')
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,35 @@ def engine_rows(
         if engine in settings.engines and "float32" in settings.precisions:
             rows.append(EngineRow(engine, "float32", fast_path_steps(model, batch, max_len, levers),
                                   compiles="compile_mode" in levers))
+    if "hf-marian" in settings.engines and "float32" in settings.precisions:
+        rows.append(EngineRow("hf-marian", "float32", hf_marian_steps(model, batch, max_len)))
     return rows
+
+
+def hf_marian_steps(model: nn.Module, batch: Batch, max_len: int) -> dict[str, Callable[[], Tensor]]:
+    """Hugging Face's MarianMTModel holding ``model``'s weights (float32, eval, its default
+    attention): its forward's log-probs, and ``generate``'s greedy decoding and beam search
+    (beam 4, ``length_penalty`` 1.0, its default) from BOS to the timing EOS, ``max_len`` ids at
+    most, nothing forbidden and no forced EOS; with the key/value cache."""
+    config = model.config
+    eos = timing_eos_id(config)
+    hf = marian_model(config, export_weights(model), start_id=BOS_ID, eos_id=eos).to(batch.src.device)
+    attention = (batch.src != config.pad_id).long()  # (B, S): 1 at real source ids
+    tgt = batch.inputs()[1]  # (B, T) target ids, BOS first
+    tgt_attention = (tgt != config.pad_id).long()  # (B, T): padded target keys hidden, as the rows hide them
+    search = dict(input_ids=batch.src, attention_mask=attention, max_length=max_len, do_sample=False,
+                  decoder_start_token_id=BOS_ID, eos_token_id=eos, pad_token_id=config.pad_id,
+                  forced_eos_token_id=None, bad_words_ids=None, use_cache=True)
+
+    @torch.no_grad()
+    def forward() -> Tensor:
+        logits = hf(input_ids=batch.src, attention_mask=attention, decoder_input_ids=tgt,
+                    decoder_attention_mask=tgt_attention, use_cache=False).logits
+        return torch.log_softmax(logits, dim=-1)
+
+    return {"forward": forward,
+            "decode": lambda: hf.generate(**search, num_beams=1),
+            "beam": lambda: hf.generate(**search, num_beams=BEAM_SIZE, length_penalty=1.0)}
 
 
 def fast_path_steps(model: nn.Module, batch: Batch, max_len: int,

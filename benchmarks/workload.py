@@ -28,6 +28,12 @@ TIMING_PRESETS: dict[str, Preset] = {
     "base": Preset(dict(), 8, 128),
     # the paper's Table 3 models as common.config names them: paper-base, paper-big (tied)
     **{name: Preset(dataclasses.asdict(config), 8, 128) for name, config in MODEL_PRESETS.items()},
+    # Helsinki-NLP opus-mt-* base as Hugging Face's MarianMTModel runs it (docs/real-checkpoints.md):
+    # one shared vocabulary of 58,101 ids, tied, swish, Marian's positions, no final norms. Padding
+    # stays id 0 and decoding starts from BOS, as in every timing row (the ids cost nothing)
+    "opus-mt-base": Preset(dict(src_vocab_size=58101, tgt_vocab_size=58101, share_embeddings=True,
+                                activation="silu", final_norm=False, positions="marian", norm_eps=1e-5),
+                           8, 128),
 }
 
 

@@ -6,6 +6,8 @@ Reading:
 
     trace           one forward pass, module by module, with the shape each returns
     deviations      what each source's departures from the one architecture do to the output
+    checkpoint_deviations  what each thing the converter gets right does to a Hugging Face
+                    checkpoint (Marian, FSMT), one at a time, and Hugging Face's pitfalls
     pictures        the sinusoid table and one layer's attention weights; a translation's
                     cross-attention
 

@@ -17,13 +17,17 @@ deployment, with the commands users type at the top.
     options       python -m seq2seq.train's options and the run's settings they make (TrainSettings)
     deploy/       export_config (the config beside an export, the source checks), onnx_runtime,
                   ctranslate (the exporters and their runtimes as decode rows)
+    hub/          checkpoints trained elsewhere (Hugging Face's Marian and FSMT): families (config
+                  and weight map), convert, tokenizers (carried in the model file), tiny (the
+                  proofs' tiny checkpoints)
 
     train         python -m seq2seq.train (synthetic tasks, or --task translate)
     translate     python -m seq2seq.translate (translate and score with a model file)
     average       python -m seq2seq.average (average a run's last checkpoints)
     decode        python -m seq2seq.decode (a saved model's held-out accuracy)
+    convert       python -m seq2seq.convert (a Hugging Face model to a model file)
 
-A command is named for what a user does (train, translate, average, decode), a library for what
+A command is named for what a user does (train, translate, average, decode, convert), a library for what
 it holds (training/, pipeline, averaging, search/), so that no two names can be taken for one.
 
 The subpackages never import the top-level modules: ``evaluation`` and ``pipeline`` join

@@ -54,9 +54,10 @@ from seq2seq.data.batches import (
     within,
 )
 from seq2seq.data.corpus import ATTRIBUTION, Corpus, CorpusSettings, Example, load_corpus, normalize
-from seq2seq.data.ids import BOS_ID, EOS_ID, PAD_ID
+from seq2seq.data.ids import PAD_ID
 from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabulary
 from seq2seq.evaluation import Scores, corpus_scores, loss_line, score_lines
+from seq2seq.hub.tokenizers import FairseqTokenizer, MarianTokenizer, tokenizer_from_record
 from seq2seq.search.beam import ALPHA, EXTRA_LENGTH, beam_search
 from seq2seq.search.greedy import greedy_decode
 from seq2seq.training import distributed
@@ -208,16 +209,23 @@ class TranslationModel(NamedTuple):
     """A translation model file, read: what translating with it needs."""
 
     record: ModelFile  # the file as read
-    vocabulary: Vocabulary  # the subword vocabulary stored in it
+    # the subword vocabulary stored in it, or a converted checkpoint's own tokenizer (seq2seq.hub)
+    vocabulary: Vocabulary | MarianTokenizer | FairseqTokenizer
     model: nn.Module  # its weights in the chosen variant
-    normalization: str  # the Unicode form its corpus was put in (NFKC for files that do not say)
+    # the Unicode form its corpus was put in (NFKC for files that do not say); None for a
+    # converted checkpoint, whose tokenizer normalises text its own way
+    normalization: str | None
 
 
 def load_translation_model(path: str | os.PathLike, variant: str | None = None) -> TranslationModel:
     """Read a model file of a translation run and build ``variant`` (default: the one that
-    trained) around its weights; a file without a vocabulary is a ``ValueError`` saying so (and
-    ``load``'s and ``build``'s errors pass through: FileNotFoundError, ValueError, LookupError)."""
+    trained) around its weights; a file without a vocabulary or tokenizer is a ``ValueError``
+    saying so (and ``load``'s and ``build``'s errors pass through: FileNotFoundError, ValueError,
+    LookupError). A converted checkpoint (``python -m seq2seq.convert``) carries its own tokenizer."""
     record = load(path)
+    if record.tokenizer is not None:
+        tokenizer = tokenizer_from_record(record.tokenizer)
+        return TranslationModel(record, tokenizer, build_model(record, variant), None)
     if record.vocabulary is None:
         raise ValueError(f"{path} holds no subword vocabulary: it is not a translation model "
                          "(python -m seq2seq.train --task translate writes them)")
@@ -227,15 +235,17 @@ def load_translation_model(path: str | os.PathLike, variant: str | None = None) 
 
 
 @torch.no_grad()
-def translate_sentences(model: nn.Module, vocabulary: Vocabulary, sentences: Sequence[str], *,
-              beam_size: int = 1, alpha: float = ALPHA, batch_size: int = 64,
-              normalization: str = "NFKC") -> list[str]:
+def translate_sentences(model: nn.Module, vocabulary: Vocabulary | MarianTokenizer | FairseqTokenizer,
+                        sentences: Sequence[str], *, beam_size: int = 1, alpha: float = ALPHA,
+                        batch_size: int = 64, normalization: str | None = "NFKC") -> list[str]:
     """The model's translation of each sentence, detokenised: greedy decoding for
     ``beam_size=1``, else beam search (``seq2seq.search.beam``, length penalty ``alpha``).
 
-    Each sentence is normalised as the corpus was (``normalization``) and may produce up to
-    its length + 50 pieces (section 6.1), within the model's ``max_seq_len``; one that is empty
-    after normalisation translates to "". Runs in eval mode
+    Each sentence is normalised as the corpus was (``normalization``; None: left to the
+    tokenizer, as a converted checkpoint's does) and may produce up to its length + 50 pieces
+    (section 6.1), within the model's ``max_seq_len``; one that is empty after normalisation (or
+    blank) translates to "". The special ids are the vocabulary's: a source ends in its
+    ``eos_id``, padding is its ``pad_id`` and the decoder starts with its ``start_id``. Runs in eval mode
     (the model's mode is restored) on the model's device, ``batch_size`` sentences at a time,
     shortest first.
     """
@@ -244,11 +254,14 @@ def translate_sentences(model: nn.Module, vocabulary: Vocabulary, sentences: Seq
     check_int("beam_size", beam_size, low=1)
     check_int("batch_size", batch_size, low=1)
     config = model.config
-    if vocabulary.size != config.src_vocab_size or vocabulary.size != config.tgt_vocab_size:
-        raise ValueError(f"the vocabulary has {vocabulary.size} pieces, the model's vocabularies "
+    sizes = (vocabulary.source_size, vocabulary.target_size)
+    if sizes != (config.src_vocab_size, config.tgt_vocab_size):
+        pieces = f"{sizes[0]}" if sizes[0] == sizes[1] else f"{sizes[0]} source and {sizes[1]} target"
+        raise ValueError(f"the vocabulary has {pieces} pieces, the model's vocabularies "
                          f"{config.src_vocab_size} and {config.tgt_vocab_size}")
-    texts = [normalize(s, normalization) for s in sentences]
-    sources = [[*ids, EOS_ID] for ids in vocabulary.encode(texts)]
+    pad_id, eos_id, start_id = vocabulary.pad_id, vocabulary.eos_id, vocabulary.start_id
+    texts = [s if normalization is None else normalize(s, normalization) for s in sentences]
+    sources = [[*ids, eos_id] for ids in vocabulary.encode(texts)]
     for index, ids in enumerate(sources):
         if len(ids) > config.max_seq_len:
             raise ValueError(f"sentence {index} is {len(ids)} pieces long with EOS; the model reads "
@@ -257,18 +270,19 @@ def translate_sentences(model: nn.Module, vocabulary: Vocabulary, sentences: Seq
     model.eval()
     device = next(model.parameters()).device
     # a blank sentence translates to a blank line, without the model
-    order = sorted((i for i in range(len(sources)) if texts[i]), key=lambda i: len(sources[i]))
+    present = [bool(text.strip() if normalization is None else text) for text in texts]
+    order = sorted((i for i in range(len(sources)) if present[i]), key=lambda i: len(sources[i]))
     output: list[str] = [""] * len(sources)
     for first in range(0, len(order), batch_size):
         rows = order[first:first + batch_size]
         src = nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in rows], batch_first=True,
-                                        padding_value=PAD_ID).to(device)  # (B, S)
-        src_mask = padding_mask(src, PAD_ID)  # (B, 1, 1, S)
+                                        padding_value=pad_id).to(device)  # (B, S)
+        src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
         if beam_size == 1:
-            max_len = min(config.max_seq_len, src.shape[1] + EXTRA_LENGTH + 1)  # BOS included
-            tokens = greedy_decode(model, src, src_mask, max_len=max_len, bos_id=BOS_ID, eos_id=EOS_ID)
+            max_len = min(config.max_seq_len, src.shape[1] + EXTRA_LENGTH + 1)  # the start id included
+            tokens = greedy_decode(model, src, src_mask, max_len=max_len, bos_id=start_id, eos_id=eos_id)
         else:
-            tokens = beam_search(model, src, src_mask, bos_id=BOS_ID, eos_id=EOS_ID,
+            tokens = beam_search(model, src, src_mask, bos_id=start_id, eos_id=eos_id,
                                  beam_size=beam_size, alpha=alpha).tokens
         for row, text in zip(rows, vocabulary.decode(tokens.tolist()), strict=True):
             output[row] = text

@@ -1,5 +1,7 @@
 """Translate sentences with a trained translation model: a checkpoint of ``python -m seq2seq.train
---task translate`` or a model file averaged from them, which carries its own subword vocabulary.
+--task translate`` or a model file averaged from them, which carries its own subword vocabulary,
+or a checkpoint converted from Hugging Face (``python -m seq2seq.convert``), which carries its
+own tokenizer.
 
     python -m seq2seq.translate runs/fr/average.pt "I'm hungry." "Where is the station?"
     echo "Thank you." | python -m seq2seq.translate runs/fr/average.pt --beam 1
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         record, vocabulary, model, normalization = load_translation_model(args.model, args.variant)
         model = model.to(args.device)
-    except (FileNotFoundError, LookupError, ValueError) as error:
+    except (FileNotFoundError, ImportError, LookupError, ValueError) as error:  # ImportError: a
+        # converted checkpoint's tokenizer without its extra
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     if args.score:
         _score(args, record, model, vocabulary)

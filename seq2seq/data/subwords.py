@@ -59,6 +59,9 @@ def _sentencepiece():
 class Vocabulary:
     """A trained sentencepiece model: text to ids and back, and its serialized form."""
 
+    # the ids translation uses (a converted checkpoint's tokenizer has its own: seq2seq.hub)
+    pad_id, eos_id, start_id = PAD_ID, EOS_ID, BOS_ID
+
     def __init__(self, model_proto: bytes) -> None:
         if not isinstance(model_proto, bytes) or not model_proto:
             raise TypeError("model_proto must be the non-empty bytes of a sentencepiece model")
@@ -78,6 +81,16 @@ class Vocabulary:
     def size(self) -> int:
         """Pieces in all: the model's source and target vocabulary size."""
         return self._processor.get_piece_size()
+
+    @property
+    def source_size(self) -> int:
+        """The source side's pieces: the joint vocabulary's."""
+        return self.size
+
+    @property
+    def target_size(self) -> int:
+        """The target side's pieces: the joint vocabulary's."""
+        return self.size
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Each text's piece ids, without BOS or EOS."""

@@ -46,6 +46,9 @@ class ModelFile:
     # the subword vocabulary of a translation model (seq2seq.data.subwords), serialized as uint8;
     # None for the synthetic tasks, and in files written before the field existed
     vocabulary: Tensor | None = dataclasses.field(default=None, kw_only=True)
+    # a converted checkpoint's own tokenizer as plain data (seq2seq.hub.tokenizers: Marian's
+    # sentencepiece models, fairseq's BPE), in place of a vocabulary; None otherwise
+    tokenizer: Mapping[str, object] | None = dataclasses.field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,7 @@ def load(path: str | os.PathLike) -> ModelFile:
     if problem is not None:
         raise ValueError(f"{path} is not a usable checkpoint:\n  {problem}")
     kind = _KINDS[payload["kind"]]
-    # a field a file lacks is None: the vocabulary, in files written before it existed
+    # a field a file lacks is None: the vocabulary and tokenizer, in files written before they existed
     fields = {field.name: payload.get(field.name) for field in dataclasses.fields(kind)}
     try:
         fields["config"] = TransformerConfig(**fields["config"])

@@ -16,7 +16,7 @@ def test_set_up_is_what_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     commands = [line for line in ci if line and not line.startswith(("#", "set ", "cd "))]
     block = section("Set-up").split("```bash\n", 1)[1].split("```", 1)[0]
-    assert block.splitlines() == commands == ['pip install -e ".[dev,plot,translate,deploy]"',
+    assert block.splitlines() == commands == ['pip install -e ".[dev,plot,translate,deploy,hf]"',
                                               "python -m pytest", "python -m pytest -m slow"]
 
 

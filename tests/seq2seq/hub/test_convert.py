@@ -1,0 +1,192 @@
+"""The converter: the command, what it reads off a checkpoint, and what it refuses in one line."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+import torch
+
+from seq2seq import convert as command
+from seq2seq import translate
+from seq2seq.hub import tiny
+from seq2seq.hub.convert import (
+    BANNED_LOGIT,
+    canonical_weights,
+    convert,
+    convert_loaded,
+    load_hf_model,
+    marian_model,
+)
+from seq2seq.hub.families import FAMILIES
+from seq2seq.training.checkpoint import load, save
+
+# what each tiny checkpoint's config reads as (seq2seq/hub/tiny.py builds them)
+EXPECTED = {
+    "marian-swish-tied": dict(activation="silu", positions="marian", decoder_start="pad",
+                              share_embeddings=True, final_norm=False, decoder_d_ff=None, norm_eps=1e-5),
+    "marian-relu-two": dict(activation="relu", positions="marian", decoder_start="pad",
+                            share_embeddings=False, pad_id=2),
+    "fsmt-tied": dict(activation="relu", positions="fairseq", decoder_start="eos", share_embeddings=True,
+                      pad_id=1),
+    "fsmt-untied": dict(activation="relu", positions="fairseq", decoder_start="eos", share_embeddings=False,
+                        d_ff=48, decoder_d_ff=32, pad_id=1),
+}
+
+
+def test_the_config_is_read_off_the_checkpoint(checkpoint):
+    config = checkpoint.record.config
+    assert {field: getattr(config, field) for field in EXPECTED[checkpoint.name]} == EXPECTED[checkpoint.name]
+    hf = tiny.hf_library().AutoConfig.from_pretrained(checkpoint.folder)
+    sizes = ((hf.vocab_size, hf.decoder_vocab_size) if checkpoint.family == "marian"
+             else (hf.src_vocab_size, hf.tgt_vocab_size))
+    assert (config.src_vocab_size, config.tgt_vocab_size) == sizes
+    assert (config.d_model, config.n_heads, config.n_layers, config.max_seq_len) == (16, 4, 2, 64)
+
+
+def test_marian_s_padding_id_is_banned_in_the_generator_bias(tiny_named):
+    """opus-mt's generation settings forbid the padding id (its decoder's start): the bias says
+    so; fairseq's forbid nothing, and its generator has no bias (zeros)."""
+    marian, fsmt = tiny_named("marian-swish-tied"), tiny_named("fsmt-untied")
+    pad = marian.record.config.pad_id
+    bias = marian.record.weights["generator.bias"]
+    hf = tiny.hf_library().MarianMTModel.from_pretrained(marian.folder)
+    assert marian.record.settings["hub"]["banned_ids"] == [pad]
+    assert bias[pad] == BANNED_LOGIT
+    others = torch.arange(len(bias)) != pad
+    assert torch.equal(bias[others], hf.final_logits_bias[0, others])
+    assert fsmt.record.settings["hub"]["banned_ids"] == []
+    assert torch.equal(fsmt.record.weights["generator.bias"], torch.zeros(fsmt.record.config.tgt_vocab_size))
+
+
+def test_tied_weights_are_one_tensor_in_the_model_file(tiny_named):
+    weights = tiny_named("fsmt-tied").record.weights
+    assert weights["src_embed.weight"] is weights["tgt_embed.weight"] is weights["generator.weight"]
+    untied = tiny_named("marian-relu-two").record.weights
+    assert untied["src_embed.weight"].shape != untied["tgt_embed.weight"].shape
+
+
+def test_the_command_writes_a_model_file_that_translates(tiny_named, tmp_path, capsys):
+    folder = tiny_named("marian-swish-tied").folder
+    output = tmp_path / "out" / "model.pt"
+    command.main([str(folder), "--output", str(output), "--variant", "mathfirst"])
+    said = capsys.readouterr().out
+    assert said.startswith(f"wrote {output}: MarianMTModel, d_model 16, 4 heads, 2+2 layers, FFN 32 silu")
+    assert said.count("\n") == 1
+    record = load(output)
+    assert record.variant == "mathfirst" and record.tokenizer["kind"] == "marian"
+    translate.main([str(output), "The cat sees the house.", "--beam", "1"])
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def one_line_error(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(argv)
+    message = exit_info.value.code if isinstance(exit_info.value.code, str) else capsys.readouterr().err
+    assert message.count("\n") <= 1, message
+    return message
+
+
+def test_a_missing_folder_is_one_line(tmp_path, capsys):
+    message = one_line_error(capsys, [str(tmp_path / "none"), "--output", str(tmp_path / "m.pt")])
+    assert "no such folder" in message and message.startswith("python -m seq2seq.convert: error:")
+
+
+def test_another_architecture_is_refused_by_name(tmp_path, capsys):
+    folder = tmp_path / "bert"
+    tiny.hf_library().BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=32).save_pretrained(folder)
+    message = one_line_error(capsys, [str(folder), "--output", str(tmp_path / "m.pt")])
+    assert "is a 'bert' model; the converter reads marian (MarianMTModel) and fsmt" in message
+
+
+def test_without_transformers_the_extra_is_named(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
+    message = one_line_error(capsys, [str(tmp_path), "--output", str(tmp_path / "m.pt")])
+    assert 'needs transformers: pip install -e ".[hf]"' in message
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (dict(decoder_layers=1), "encoder_layers (2) differs from decoder_layers (1)"),
+    (dict(decoder_attention_heads=2), "encoder_attention_heads (4) differs from decoder_attention_heads (2)"),
+    (dict(activation_function="gelu_new"),
+     "activation_function 'gelu_new' is none of relu, swish, silu, gelu"),
+    (dict(scale_embedding=False), "scale_embedding is False"),
+    (dict(decoder_start_token_id=0), "decoder_start_token_id (0) is not pad_token_id"),
+])
+def test_what_a_config_cannot_express_is_named(tiny_named, change, said):
+    model, _, family = load_hf_model(tiny_named("marian-swish-tied").folder)
+    for key, value in change.items():
+        setattr(model.config, key, value)
+    with pytest.raises(ValueError, match="cannot be expressed as a TransformerConfig") as error:
+        family.read_config(model.config)
+    assert said in str(error.value)
+
+
+def test_every_tensor_is_read_or_known_and_of_its_shape(tiny_named):
+    checkpoint = tiny_named("fsmt-untied")
+    model, _, family = load_hf_model(checkpoint.folder)
+    tensors = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
+    config = checkpoint.record.config
+
+    def refused(changed: dict, said: str) -> None:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            canonical_weights(changed, family, config)
+
+    refused({**tensors, "model.encoder.layernorm_embedding.weight": torch.ones(16)},
+            "model.encoder.layernorm_embedding.weight: a tensor the map does not read")
+    refused({**tensors, "model.decoder.layers.1.fc1.weight": torch.zeros(31, 16)},
+            "decoder.layers.1.ff.w1.weight: model.decoder.layers.1.fc1.weight has shape (31, 16), "
+            "expected (32, 16)")
+    refused({name: tensor for name, tensor in tensors.items() if "encoder_attn.k_proj" not in name},
+            "decoder.layers.0.cross_attn.wk.weight: no model.decoder.layers.0.encoder_attn.k_proj.weight")
+    table = tensors["model.decoder.embed_positions.weight"]
+    refused({**tensors, "model.encoder.embed_positions.weight": table.roll(1, dims=0)},
+            "model.encoder.embed_positions.weight: differs from the 'fairseq' table")
+
+
+def test_both_families_are_listed():
+    assert [family.architecture for family in FAMILIES.values()] == ["MarianMTModel",
+                                                                     "FSMTForConditionalGeneration"]
+
+
+def test_converting_twice_gives_the_same_weights(tiny_named):
+    checkpoint = tiny_named("marian-relu-two")
+    again = convert(checkpoint.folder)
+    assert again.config == checkpoint.record.config
+    assert all(torch.equal(again.weights[name], tensor) for name, tensor in checkpoint.record.weights.items())
+
+
+def test_the_map_read_backwards_gives_hugging_face_s_tensors_back(tiny_named):
+    """marian_model (the hf-marian row of compare.py) holds exactly the converted checkpoint's
+    tensors where Hugging Face keeps them; only the banned padding id's bias differs."""
+    checkpoint = tiny_named("marian-relu-two")
+    config, pad = checkpoint.record.config, checkpoint.record.config.pad_id
+    rebuilt = marian_model(config, checkpoint.record.weights, start_id=pad, eos_id=0).state_dict()
+    original = tiny.hf_library().MarianMTModel.from_pretrained(checkpoint.folder).state_dict()
+    original["final_logits_bias"][0, pad] = BANNED_LOGIT
+    names = [name for name in original if "embed_positions" not in name]
+    assert names and all(torch.equal(rebuilt[name], original[name]) for name in names)
+
+
+def test_marian_model_refuses_a_config_it_cannot_compute(tiny_named):
+    config = tiny_named("marian-relu-two").record.config.replace(final_norm=True)
+    with pytest.raises(ValueError, match="needs final_norm=False"):
+        marian_model(config, {}, start_id=2, eos_id=0)
+
+
+def test_translating_a_fairseq_model_without_sacremoses_names_the_extra(tiny_named, monkeypatch, tmp_path):
+    path = save(tiny_named("fsmt-tied").record, tmp_path / "fsmt.pt")
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # import sacremoses raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        translate.main([str(path), "Hello."])
+    assert exit_info.value.code == ('python -m seq2seq.translate: error: a fairseq (FSMT) tokenizer needs '
+                                    'sacremoses: pip install -e ".[hf]"')
+
+
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tiny_named):
+    model, tokenizer, family = load_hf_model(tiny_named("marian-swish-tied").folder)
+    model.config.eos_token_id = 3
+    with pytest.raises(ValueError, match=r"EOS id: the tokenizer's 0, the model's 3"):
+        convert_loaded(model, tokenizer, family, source="test")
