@@ -147,10 +147,12 @@ def capture(model: nn.Module, inputs: tuple[Tensor | None, ...],
                     if probe.item is None and isinstance(value, (tuple, list)) and value:
                         value = value[0]
                         if notes is not None:
-                            notes[point] = f"{name or 'the model'} returns a {type(output).__name__}: its item 0"
+                            notes[point] = (f"{name or 'the model'} returns a {type(output).__name__}: "
+                                            f"its item 0")
                     if not isinstance(value, Tensor):
                         if notes is not None:
-                            notes[point] = f"{name or 'the model'} returns a {type(value).__name__}, not a tensor"
+                            notes[point] = (f"{name or 'the model'} returns a {type(value).__name__}, "
+                                            f"not a tensor")
                         continue
                     captured[point] = value.detach().clone()
                     if on_point is not None:

@@ -37,6 +37,7 @@ from variants.check.battery import (
     STEPS,
     Result,
     absent_line,
+    explain_first,
     explained,
     locate,
     mode_name,
@@ -45,7 +46,8 @@ from variants.check.battery import (
     still_drops,
 )
 from variants.check.divergence import first_divergence, number, precision_notes
-from variants.check.outside import NORM_MODES, interfaced, protocol
+from variants.check.outside import NORM_MODES, drafting, protocol
+from variants.check.sites import REFERENCES, P
 from variants.check.suggest import as_python, draft
 
 NORM_CHOICES = {"post": ("post",), "pre": ("pre",), "both": MODES}
@@ -77,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--share-embeddings", action="store_true",
                         help="one matrix for both embeddings and the generator (the paper's section 3.4), in "
                              "the reference too: for a model that ties them")
+    parser.add_argument("--dropout-sites", choices=tuple(REFERENCES), default="torch",
+                        help="whose dropout sites the train-mode check expects: torch "
+                             "(torch.nn.Transformer's: embeddings, attention weights, feed-forward hidden "
+                             "layer, sublayer outputs; the default) or paper (section 5.4: embeddings and "
+                             "sublayer outputs only)")
     parser.add_argument("--suggest-maps", action="store_true",
                         help="print a draft weight_map and probe_map for SPEC's class, as Python to paste, "
                              "and exit")
@@ -93,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.suggest_maps:
             print(suggested_maps(args.spec, config, NORM_CHOICES[args.norm]))
             return 0
-        results = run_battery(args.spec, args.against, args.seed, config, NORM_CHOICES[args.norm])
+        results = run_battery(args.spec, args.against, args.seed, config, NORM_CHOICES[args.norm],
+                              args.dropout_sites)
     except SpecError as error:
         parser.exit(2, f"{parser.prog}: error: {error}{width_hint(str(error))}\n")
     print(f"{args.spec} against {args.against}: d_model {config.d_model}, {config.n_heads} heads, "
           f"{config.n_layers} layer{'s' * (config.n_layers != 1)}, d_ff {config.d_ff}, vocabularies "
           f"{config.src_vocab_size} and {config.tgt_vocab_size}"
           f"{' (shared, tied to the generator)' if config.share_embeddings else ''}, seed {args.seed}")
+    print(reference_line(args.against, config, args.dropout_sites))
     print(modes_line(results, NORM_CHOICES[args.norm]))
     for line in class_lines(args.spec, next(r.config for r in results if r.passed is not None)):
         print(line)
@@ -108,7 +117,13 @@ def main(argv: list[str] | None = None) -> int:
     print(tabulate([(r.check, verdict(r), number(r.max_abs), r.tolerance) for r in results],
                    headers=("check", "result", "max |Δ|", "tolerance"), tablefmt="simple"))
     hints = set()
+    rounded = None  # the first check passed as float32 rounding only: its note is printed once
     for result in results:
+        if result.precision and rounded is not None:
+            print(f"  {result.check}: {result.detail.partition(':')[0]}, as above")
+            continue
+        if result.precision:
+            rounded = result
         if result.detail:
             detail, _, hint = result.detail.partition("; hint: ")
             if hint == MASK_HINT and any("exchanged in decode" in seen for seen in hints):
@@ -121,7 +136,25 @@ def main(argv: list[str] | None = None) -> int:
         print(finder_report(args.spec, failed, args.seed))
     elif (training := training_failure(results)) is not None:
         print(training_report(args.spec, training, args.seed))
-    return 0 if all(r.passed is not False for r in results) else 1
+    passed = all(r.passed is not False for r in results)
+    if passed and rounded is not None:
+        print(f"\nevery check passes; {sum(r.precision for r in results)} of them within float32 rounding "
+              f"only, which the model carries (the note above)")
+    return 0 if passed else 1
+
+
+def reference_line(against: str, config: TransformerConfig, dropout_sites: str) -> str:
+    """What the model is held to: the reference's config values a model commonly departs from."""
+    activation = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU"}.get(getattr(config, "activation", "relu"))
+    final = "a final LayerNorm after each stack" if getattr(config, "final_norm", True) else \
+        "no final LayerNorm"
+    positions = getattr(config, "positions", "paper")
+    table = "the paper's" if positions == "paper" else positions
+    return (f"reference ({against}): post-norm x = norm(x + sublayer(x)) or pre-norm "
+            f"x = x + sublayer(norm(x)) per mode, LayerNorm eps {config.norm_eps:g} (biased variance, inside "
+            f"the root), {final}, {activation} feed-forward, scores ÷ √d_k = √{config.head_dim}, {table} "
+            f"sinusoids (float64), log-probabilities out\ndropout: {config.dropout:g} in every check but the "
+            f"sites check (p={P:g}, against {REFERENCES[dropout_sites]})")
 
 
 def class_lines(spec: str, config: TransformerConfig) -> list[str]:
@@ -141,17 +174,23 @@ def class_lines(spec: str, config: TransformerConfig) -> list[str]:
 
 
 def suggested_maps(spec: str, config: TransformerConfig, modes: tuple[str, ...]) -> str:
-    """The draft maps of ``spec``'s class, built in the first of ``modes`` it supports."""
+    """The draft maps of ``spec``'s class (its own maps left out), built in the first of ``modes``
+    it supports. Whatever the class does, one line, never a traceback: SpecError."""
     cls = variant_class(spec)
     for mode in modes:
         mode_config = config.replace(norm_first=NORM_MODES[mode])
         try:
-            model = interfaced(cls)(mode_config)
+            model = drafting(cls)(mode_config)
         except NotImplementedError:
             continue
         except Exception as error:
-            raise SpecError(f"{spec}: {cls.__name__}(config) raised {error_line(error)}") from error
-        return as_python(draft(model, mode_config), mode_config, cls.__name__)
+            raise SpecError(f"{spec}: {cls.__name__}(config) raised {explained(error, hint=False)}") \
+                from error
+        try:
+            return as_python(draft(model, mode_config), mode_config, cls.__name__)
+        except Exception as error:  # a module the draft cannot read: say where, not a traceback
+            raise SpecError(f"{spec}: --suggest-maps cannot read {cls.__name__}'s modules: "
+                            f"{explained(error, hint=False)}") from error
     raise SpecError(f"{spec}: can be built in none of the norm modes asked for")
 
 
@@ -165,7 +204,7 @@ def width_hint(message: str) -> str:
 def verdict(result: Result) -> str:
     if result.passed is None:
         return "n/a" if result.detail.startswith("not supported") else "skip"
-    return "pass" if result.passed else "FAIL"
+    return ("pass (f32)" if result.precision else "pass") if result.passed else "FAIL"
 
 
 def modes_line(results: list[Result], asked: tuple[str, ...]) -> str:
@@ -194,9 +233,13 @@ def finder_report(spec: str, failed: Result, seed: int) -> str:
              + (" float32 rounding" if d.departs(tolerance) and d.within_rounding() else ""))
             for d in differences]
     notes = "".join(f"\nnote: {note}" for note in precision_notes(differences, tolerance))
+    try:
+        why = explain_first(spec, case, seed, differences)
+    except Exception as error:  # the explanations are a bonus: never a traceback for them
+        why = f"not explained: recomputing {first.point if first else 'it'} raised {error_line(error)}"
     return (f"\nwhere {failed.check} first differs ({short(spec)} vs {short(case.against)}):\n\n"
-            + tabulate(rows, headers=("point", "max |Δ|", "f32 rounding", ""), tablefmt="simple")
-            + f"\n{notes}\n{first_divergence(differences, tolerance)}")
+            + tabulate(rows, headers=("point", "max |Δ|", "f32 rounding", "note"), tablefmt="simple")
+            + f"\n{notes}\n{first_divergence(differences, tolerance)}" + (f"\n{why}" if why else ""))
 
 
 def training_failure(results: list[Result]) -> Result | None:

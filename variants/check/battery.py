@@ -8,25 +8,28 @@ check runs in each norm mode the class supports (``norm_modes``); a mode it does
 one "not supported" row, not a failure. A failed gradient check names the first weight, in order
 of computation, whose gradient really differs (past float32 rounding where float32 is on the
 path), zero embedding rows and weights no gradient reaches, and ``still_drops`` names a module
-that drops at dropout 0. A failed forward carries a hint where the output suggests one (logits,
-NaN behind a -inf fill, a flat output); the dropout-sites check compares where dropout is
-applied in train mode (``variants.check.sites``). An error raised inside the model is reported
+that drops at dropout 0. A float64 check whose every difference the finder attributes to float32
+rounding (float32 on the model's path, within the reference's own float32 rounding at every
+point) passes with that note (``Result.precision``): a correct model with a float32 table is not
+failed. A failed forward carries a hint where the output suggests one (logits, NaN behind a -inf
+fill, a flat output, an extra axis from a mask broadcast in the model's forward); the
+dropout-sites check compares where dropout is applied in train mode with a named reference's
+sites (``variants.check.sites``). An error raised inside the model is reported
 with the file and line it came from and, where its text suggests one, a likely cause (for masks
 a decoder reads swapped, found by trying the swap). Nothing here prints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
-import os
 import re
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -41,7 +44,16 @@ from common.random_batch import Batch, random_batch
 from common.weights import canonical_shapes, export_gradients, export_weights, import_weights, init_canonical
 from variants import REFERENCE, SpecError, build
 from variants.check import sites
-from variants.check.divergence import ROUNDING_FACTOR, Float32Watch, PointDifference, compare_points, number
+from variants.check.divergence import (
+    ROUNDING_FACTOR,
+    Float32Watch,
+    PointDifference,
+    compare_points,
+    model_frame,
+    number,
+    precision_notes,
+)
+from variants.check.explain import Explanation, explain
 from variants.check.outside import NORM_MODES, SIGNATURES, absent_weights, own_stage
 from variants.check.tolerances import FLOAT32, FLOAT64, LOSSES, Tolerance
 
@@ -84,6 +96,7 @@ class Result:
     case: Case | None = None  # a forward check's, for the finder
     bound: Tolerance | None = None  # the tolerance itself, as data
     config: TransformerConfig | None = None  # the config it ran under
+    precision: bool = False  # passed as float32 rounding only: past tolerance, within the rounding
 
 
 def mode_name(mode: str) -> str:
@@ -174,13 +187,17 @@ def supported_configs(spec: str, config: TransformerConfig, modes: tuple[str, ..
 
 
 def run_battery(spec: str, against: str = REFERENCE, seed: int = 0, config: TransformerConfig = CONFIG,
-                modes: tuple[str, ...] = MODES) -> list[Result]:
-    """Every check of ``spec`` against ``against`` in each of ``modes`` it supports; SpecError if
-    ``spec`` cannot be built at all; ValueError for vocabularies under MIN_VOCAB ids.
+                modes: tuple[str, ...] = MODES, dropout_reference: str = "torch") -> list[Result]:
+    """Every check of ``spec`` against ``against`` in each of ``modes`` it supports, the dropout
+    sites against ``dropout_reference``'s (``sites.REFERENCES``); SpecError if ``spec`` cannot be
+    built at all; ValueError for vocabularies under MIN_VOCAB ids or an unknown reference.
     ``config``'s norm_first is set per mode."""
     if min(config.src_vocab_size, config.tgt_vocab_size) < MIN_VOCAB:
         raise ValueError(f"the battery needs vocabularies of at least {MIN_VOCAB} ids each (padding and "
                          f"a real token), got {config.src_vocab_size} and {config.tgt_vocab_size}")
+    if dropout_reference not in sites.REFERENCES:
+        raise ValueError(f"dropout_reference must be one of {', '.join(sites.REFERENCES)}, "
+                         f"got {dropout_reference!r}")
     configs, unsupported = supported_configs(spec, config, modes)
     checks: list[tuple[str, Tolerance | None, TransformerConfig, Callable[[], Result]]] = []
     for mode_config in configs:
@@ -196,7 +213,7 @@ def run_battery(spec: str, against: str = REFERENCE, seed: int = 0, config: Tran
         checks.append((f"{STEPS} Adam steps float64 {mode} (losses)", LOSSES, mode_config,
                        partial(lockstep, spec, against, mode_config, seed)))
         checks.append((f"dropout sites {mode} (train mode, p={sites.P:g})", None, mode_config,
-                       partial(dropout_sites, spec, mode_config, seed)))
+                       partial(dropout_sites, spec, mode_config, seed, dropout_reference)))
         if spec != REFERENCE:
             masked_against = (against if against != REFERENCE
                               else next(v for v in MASKED_ROW_EXPECTED if v != spec))
@@ -220,29 +237,37 @@ def locate(spec: str, case: Case, seed: int = 0) -> list[PointDifference]:
                           b_float32=other_float32, stand_ins=(stand_ins(subject), stand_ins(other)))
 
 
+def explain_first(spec: str, case: Case, seed: int, differences: list[PointDifference]) -> str:
+    """The explanation of the first divergence in ``differences`` (``variants.check.explain``),
+    as one line; "" where there is none to try."""
+    first = next((d for d in differences if d.diverges(case.tolerance.atol)), None)
+    if first is None:
+        return ""
+    subject, other = (model.double() for model in pair(spec, case.against, case.config, seed))
+    found = explain(subject, other, case.inputs, (stand_ins(subject), stand_ins(other)), first,
+                    FLOAT64.atol if case.dtype == torch.float64 else case.tolerance.atol)
+    return found.line() if isinstance(found, Explanation) else found
+
+
 def stand_ins(model: nn.Module) -> dict[str, Probe]:
     """Where to probe the final norms a model's maps declare absent (its probe map None, its
-    weight map None for the norm's weights): the output of the stack module that holds the
-    layers, or, if the layers hang from the model itself, the last layer's output."""
+    weight map None for the norm's weights): the last layer's output, read as its own probe reads
+    it (its call, its item of a tuple), never a later module's (a decoder that goes on to project,
+    or returns more than its hidden state)."""
     if not hasattr(type(model), "probe_map"):
         return {}
     probes, absent = resolve_probes(model), set(absent_weights(model))
-    modules = dict(model.named_modules())
     found = {}
     for stack in ("encoder", "decoder"):
         point, last = f"{stack}.norm", probes.get(f"{stack}.layers.{model.config.n_layers - 1}")
-        if probes[point] is not None or f"{point}.weight" not in absent or last is None:
+        if probes.get(point, last) is not None or f"{point}.weight" not in absent or last is None:
             continue
-        holder = last.module.rpartition(".")[0].rpartition(".")[0]  # X.layers.1 -> X
-        found[point] = Probe(holder) if holder and holder in modules and last.call == 0 else last
+        found[point] = last
     return found
 
 
 # --- errors raised inside the model ---------------------------------------------------------
 
-_ROOT = Path(__file__).resolve().parents[2]
-_SUITE = tuple(str(_ROOT / package) + os.sep for package in ("common", "variants"))  # not the model's code
-_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
 EXPECTED_CALLS = ", ".join(f"{stage}({', '.join(names)})" for stage, names in SIGNATURES.items())
 MASK_LAYOUT = ("src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T), bool, True = may attend; "
                "a model written for (B, 1, S) masks adds an axis of its own")
@@ -260,13 +285,7 @@ HINTS = (  # (what the error says, the likely cause)
 def where_raised(error: BaseException) -> str:
     """``file:line in function`` of the innermost frame of the model's own code (not torch's, not
     the suite's) that ``error`` passed through; "" if none did."""
-    frames = [frame for frame in traceback.extract_tb(error.__traceback__)
-              if not frame.filename.startswith((_TORCH, *_SUITE)) and not frame.filename.startswith("<")]
-    if not frames:
-        return ""
-    frame = frames[-1]
-    path = os.path.relpath(frame.filename) if frame.filename.startswith(os.getcwd()) else frame.filename
-    return f"{path}:{frame.lineno} in {frame.name}"
+    return model_frame(traceback.extract_tb(error.__traceback__))
 
 
 def hint_for(error: BaseException) -> str:
@@ -313,17 +332,43 @@ def forward(spec: str, case: Case, seed: int, check: str) -> Result:
     if hint:
         detail = "; ".join(filter(None, (result.detail, f"hint: {hint}")))
         result = dataclasses.replace(result, detail=detail)
+    elif result.passed is False and case.dtype == torch.float64 and actual.shape == expected.shape:
+        rounding = rounding_only(spec, case, seed)
+        if rounding:
+            result = dataclasses.replace(result, passed=True, precision=True, detail=rounding)
     return result
 
 
+def rounding_only(spec: str, case: Case, seed: int) -> str:
+    """Why the failed float64 ``case`` is float32 rounding and nothing else, "" if it is not: rerun
+    point by point, every point that departs from the reference does so within the reference's
+    own float32 rounding there, with float32 on the model's path (``Float32Watch``), the output
+    included."""
+    try:
+        differences = locate(spec, case, seed)
+    except Exception:  # no probe map, or a model the finder cannot rerun: not judged, it stays failed
+        return ""
+    tolerance = case.tolerance.atol
+    output = next((d for d in differences if d.point == "generator"), None)
+    if (output is None or not output.departs(tolerance) or not output.within_rounding()
+            or any(d.diverges(tolerance) for d in differences)):
+        return ""
+    (note,) = precision_notes(differences, tolerance) or (
+        f"{output.point} differs by {number(output.max_abs)}",)
+    return (f"float32 rounding only: {note}; every point within {ROUNDING_FACTOR:g}x the reference's own "
+            f"float32 rounding there")
+
+
 def output_hint(model: nn.Module, case: Case, actual: Tensor, expected: Tensor) -> str:
-    """The likely cause of a failed forward, read from the output: a flat (B·T, V) tensor, logits
-    where log-probabilities belong, NaN behind a -inf fill."""
+    """The likely cause of a failed forward, read from the output: a flat (B·T, V) tensor, an extra
+    axis a mask broadcast into it, logits where log-probabilities belong, NaN behind a -inf fill."""
     batch, length = case.inputs[1].shape
     vocab = case.config.tgt_vocab_size
     if actual.shape == (batch * length, vocab):
         return (f"a flat (B·T, V) output: return (B, T, V) log-probabilities, e.g. log_probs.view({batch}, "
                 f"{length}, -1) for this batch (the gradient and training checks reshape it to go on)")
+    if actual.ndim > expected.ndim:
+        return broadcast_hint(model, case, tuple(actual.shape), tuple(expected.shape))
     if actual.shape != expected.shape or not actual.is_floating_point():
         return ""
     nan = torch.isnan(actual) & ~torch.isnan(expected)
@@ -344,6 +389,43 @@ def output_hint(model: nn.Module, case: Case, actual: Tensor, expected: Tensor) 
             return (f"the rows' logsumexp is up to {total:.2g}, not 0: logits, not log-probabilities; "
                     f"end with log_softmax(dim=-1)")
     return ""
+
+
+def broadcast_hint(model: nn.Module, case: Case, actual: tuple[int, ...], expected: tuple[int, ...]) -> str:
+    """Where a mask grew the model's tensors by an axis (``BroadcastWatch``), for an output with
+    more axes than the reference's; "" where no mask did."""
+    with BroadcastWatch() as watch, torch.no_grad(), contextlib.suppress(Exception):
+        model(*case.inputs)  # it ran in the forward check already: only what the watch sees matters
+    if watch.found is None:
+        return ""
+    name, tensor, mask, out, place = watch.found
+    fix = (": scores of one head, (B, T_query, T_key), take src_mask[:, 0] and tgt_mask[:, 0]"
+           if len(tensor) == 3 else "")
+    return (f"the output is {actual} where the reference's is {expected}: {name}"
+            f"{f' at {place}' if place else ''} broadcast a {tensor} tensor against a {mask} mask to {out}, "
+            f"and nothing raised; the model's masks have another layout: the suite passes src_mask "
+            f"(B, 1, 1, S) and tgt_mask (B, 1, T, T){fix}")
+
+
+class BroadcastWatch(TorchFunctionMode):
+    """The first operation of a forward pass whose output has more axes than the tensor it works
+    on because a boolean mask with more axes broadcast it: (operation, the tensor's shape, the
+    mask's, the output's, where in the model's code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: tuple[str, tuple, tuple, tuple, str] | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.found is None and isinstance(out, Tensor):
+            tensors = [item for item in (*args, *(kwargs or {}).values()) if isinstance(item, Tensor)]
+            masks = [t for t in tensors if t.dtype == torch.bool and t.ndim == out.ndim]
+            if tensors and tensors[0].dtype != torch.bool and masks and out.ndim > tensors[0].ndim:
+                name = getattr(func, "__name__", str(func))
+                self.found = (name, tuple(tensors[0].shape), tuple(masks[0].shape), tuple(out.shape),
+                              model_frame(traceback.extract_stack()[:-1]))
+        return out
 
 
 class FillWatch(TorchFunctionMode):
@@ -431,8 +513,9 @@ def gradients(spec: str, against: str, config: TransformerConfig, seed: int) -> 
     batch = random_batch(config, seed=seed)
     grads, untouched = [], []
     for model in models:
+        model.double().train()  # before the watch: the conversion itself handles float32 tensors
         with Float32Watch(model) as watch:
-            loss_of(model.double().train(), batch, config.pad_id).backward()
+            loss_of(model, batch, config.pad_id).backward()
         got, missed = canonical_gradients(model)
         grads.append(got)
         untouched.append(missed)
@@ -473,6 +556,9 @@ def gradients(spec: str, against: str, config: TransformerConfig, seed: int) -> 
                      f"(its pad id is {config.pad_id})")
     elif not never and first is None and not rounded:
         parts.append(f"max |Δ| {delta_text(worst)}")
+    if first is None and rounded and not never and not rows:  # float32 rounding and nothing else
+        return Result(check, True, worst, str(FLOAT64), f"float32 rounding only: {parts[0]}", bound=FLOAT64,
+                      config=config, precision=True)
     return Result(check, False, worst, str(FLOAT64), "; ".join(parts), bound=FLOAT64, config=config)
 
 
@@ -580,23 +666,30 @@ def _record(name: str, outputs: list[tuple[str, Tensor]], _module: nn.Module, _i
         outputs.append((name, output.detach().clone()))
 
 
-def dropout_sites(spec: str, config: TransformerConfig, seed: int) -> Result:
-    """Where ``spec`` applies dropout in train mode against the architecture's sites
-    (``variants.check.sites``): each missing, unexpected or at another probability named."""
+def dropout_sites(spec: str, config: TransformerConfig, seed: int, reference: str = "torch") -> Result:
+    """Where ``spec`` applies dropout in train mode against ``reference``'s sites
+    (``variants.check.sites``): each missing, unexpected or at another probability named, and,
+    where they are the other reference's sites exactly, the option that checks against those."""
     sites_config = config.replace(dropout=sites.P)
     model = build(spec, sites_config, seed=seed).double()
     check = f"dropout sites {mode_of(config)} (train mode, p={sites.P:g})"
+    named = sites.REFERENCES[reference]
     try:
         resolve_probes(model)
     except LookupError:
-        return Result(check, None, detail="skipped: no probe map to place them by", config=config)
-    missing, extra, wrong_p = sites.compare_sites(sites.observed_sites(model, sites_config, seed),
-                                                  sites_config)
+        return Result(check, None, tolerance=named, detail="skipped: no probe map to place them by",
+                      config=config)
+    observed = sites.observed_sites(model, sites_config, seed)
+    missing, extra, wrong_p = sites.compare_sites(observed, sites_config, reference)
     parts = [f"{label}: {', '.join(found[:3])}" + (f" (and {len(found) - 3} more)" if len(found) > 3 else "")
              for label, found in (("missing dropout", missing),
-                                  ("dropout where the architecture has none", extra),
+                                  (f"dropout where {named.partition(' (')[0]} have none", extra),
                                   (f"dropout not at the config's p={sites.P:g}", wrong_p)) if found]
-    return Result(check, not parts, None, "the paper's sites", "; ".join(parts), config=config)
+    other = next(name for name in sites.REFERENCES if name != reference)
+    if parts and not any(sites.compare_sites(observed, sites_config, other)):
+        parts.append(f"hint: these are {sites.REFERENCES[other]} exactly: check against them with "
+                     f"--dropout-sites {other}")
+    return Result(check, not parts, None, named, "; ".join(parts), config=config)
 
 
 def masked_batch(config: TransformerConfig, seed: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -11,7 +11,10 @@ on the path to a point at all: a float64 run with none cannot round like float32
 from __future__ import annotations
 
 import math
+import os
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +23,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common.probes import Probe, capture, probe_points, resolve_probes
 
 LOW_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
+_ROOT = Path(__file__).resolve().parents[2]
+_SUITE = tuple(str(_ROOT / package) + os.sep for package in ("common", "variants"))  # not the model's code
+_TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
+
+
+def model_frame(frames: list[traceback.FrameSummary]) -> str:
+    """``file:line in function`` of the innermost of ``frames`` in the model's own code (not
+    torch's, not the suite's); "" if none is."""
+    own = [frame for frame in frames
+           if not frame.filename.startswith((_TORCH, *_SUITE)) and not frame.filename.startswith("<")]
+    if not own:
+        return ""
+    frame = own[-1]
+    path = os.path.relpath(frame.filename) if frame.filename.startswith(os.getcwd()) else frame.filename
+    return f"{path}:{frame.lineno} in {frame.name}"
 
 
 def float32_valued(tensor: Tensor) -> bool:
@@ -34,21 +52,30 @@ def float32_valued(tensor: Tensor) -> bool:
 class Float32Watch(TorchDispatchMode):
     """Sees every operation of a forward pass and notes whether one so far took or made a tensor
     of lower precision than float64, or read a buffer holding float32 values: the evidence that
-    a float64 run carries float32 rounding."""
+    a float64 run carries float32 rounding; ``source`` says which it was, and where."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.seen = False
-        self.storages = {buffer.untyped_storage().data_ptr() for buffer in model.buffers()
+        self.source = ""  # the first evidence: a buffer by name, or an operation and its line
+        self.storages = {buffer.untyped_storage().data_ptr(): name for name, buffer in model.named_buffers()
                          if float32_valued(buffer)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not self.seen:
             for item in _leaves((args, kwargs, out)):
-                if isinstance(item, Tensor) and (item.dtype in LOW_PRECISION or (
-                        self.storages and item.untyped_storage().data_ptr() in self.storages)):
+                if not isinstance(item, Tensor):
+                    continue
+                buffer = self.storages.get(item.untyped_storage().data_ptr()) if self.storages else None
+                if buffer is not None or item.dtype in LOW_PRECISION:
                     self.seen = True
+                    place = model_frame(traceback.extract_stack()[:-1])
+                    self.source = (f"buffer {buffer} holds float32 values (a table computed in float32, "
+                                   f"then cast up)" if buffer is not None
+                                   else f"an operation ({getattr(func, 'overloadpacket', func).__name__}) "
+                                        f"takes or makes a {str(item.dtype)[6:]} tensor") + (
+                        f", at {place}" if place else "")
                     break
         return out
 
@@ -63,15 +90,18 @@ def _leaves(tree) -> list:
 
 
 def capture_watched(model: nn.Module, inputs: tuple[Tensor | None, ...],
-                    stand_ins: dict[str, Probe] | None = None) -> tuple[dict[str, Tensor], set[str]]:
-    """``capture``, and the points computed after float32 evidence (``Float32Watch``)."""
+                    stand_ins: dict[str, Probe] | None = None, notes: dict[str, str] | None = None,
+                    ) -> tuple[dict[str, Tensor], set[str], str]:
+    """``capture``, the points computed after float32 evidence (``Float32Watch``), and that
+    evidence ("" if none)."""
     watch, after = Float32Watch(model), set()
 
     def note(point: str) -> None:
         if watch.seen:
             after.add(point)
 
-    return capture(model, inputs, stand_ins, during=watch, on_point=note), after
+    values = capture(model, inputs, stand_ins, during=watch, on_point=note, notes=notes)
+    return values, after, watch.source
 
 
 # A departure within this many times the reference's own float32 rounding at a point (how far the
@@ -88,6 +118,7 @@ class PointDifference:
     note: str = ""  # why max_abs is inf or None
     rounding: float | None = None  # the reference's own float32 rounding here, when measured
     float32_seen: bool | None = None  # float32 on the path to here (Float32Watch); None: not watched
+    float32_source: str = ""  # which model carries float32, and what (Float32Watch.source)
 
     def diverges(self, tolerance: float) -> bool:
         """Past ``tolerance`` and past what float32 rounding explains: a difference of structure."""
@@ -116,20 +147,29 @@ def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...]
     declares None because it lacks them (a final norm it does not have) at the nearest output
     that encloses them; the note says so."""
     declared = [resolve_probes(model) for model in (a, b)]
-    watched = [capture_watched(model, inputs, extra) for model, extra in zip((a, b), stand_ins, strict=True)]
-    values = [got for got, _ in watched]
+    read: list[dict[str, str]] = [{}, {}]  # per model: point -> how a tuple output was read
+    watched = [capture_watched(model, inputs, extra, notes)
+               for model, extra, notes in zip((a, b), stand_ins, read, strict=True)]
+    values = [got for got, _, _ in watched]
     float32_after = watched[0][1] | watched[1][1]
+    source = next((f"{name}'s {why}" for name, (_, _, why) in zip(names, watched, strict=True) if why), "")
     low = capture(b_float32, inputs) if b_float32 is not None else {}
     differences = []
     for point in probe_points(a.config):
-        absent = [f"absent in {name}: compared at {extra[point].module or 'its output'}'s output"
+        absent = [f"absent in {name}: compared at {_read(extra[point])}"
                   for name, extra, got in zip(names, stand_ins, values, strict=True)
                   if point in extra and point in got]
+        absent += [f"{name}'s {notes[point]}" for name, notes in zip(names, read, strict=True)
+                   if point in notes and "not a tensor" not in notes[point]]
         undeclared = [name for name, probes, extra in zip(names, declared, stand_ins, strict=True)
                       if probes[point] is None and point not in extra]
         missing = [name for name, got in zip(names, values, strict=True) if point not in got]
+        unread = [f"{name}'s {notes[point]}" for name, notes in zip(names, read, strict=True)
+                  if point in notes and "not a tensor" in notes[point]]
         if undeclared:
             differences.append(PointDifference(point, None, f"not declared by {' or '.join(undeclared)}"))
+        elif unread:
+            differences.append(PointDifference(point, math.inf, "; ".join(unread)))
         elif missing:
             differences.append(PointDifference(point, math.inf, f"not computed by {' or '.join(missing)}"))
         elif values[0][point].shape != values[1][point].shape:
@@ -141,8 +181,15 @@ def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...]
             if point in low and low[point].shape == values[1][point].shape:
                 rounding = (low[point].double() - values[1][point].double()).abs().max().item()
                 seen = point in float32_after
-            differences.append(PointDifference(point, delta, "; ".join(absent), rounding, seen))
+            differences.append(PointDifference(point, delta, "; ".join(absent), rounding, seen,
+                                               source if seen else ""))
     return differences
+
+
+def _read(probe: Probe) -> str:
+    """Where a stand-in probe reads, as the finder says it."""
+    where = f"{probe.module or 'the model'}'s output"
+    return where + (f", item {probe.item}" if probe.item is not None else "")
 
 
 def first_divergence(differences: list[PointDifference], tolerance: float) -> str:
@@ -178,8 +225,8 @@ def precision_notes(differences: list[PointDifference], tolerance: float) -> lis
         if difference.departs(tolerance):
             example = ("a float32 position table" if difference.point.endswith("_embed")
                        else "a tensor or an operation kept in float32, which this run has")
-            return [f"{difference.point} differs by {number(difference.max_abs)}: float32 rounding, "
-                    f"e.g. {example}"]
+            why = difference.float32_source or f"e.g. {example}"
+            return [f"{difference.point} differs by {number(difference.max_abs)}: float32 rounding, {why}"]
     return []
 
 

@@ -12,9 +12,19 @@ which ``interfaced`` puts behind the shared interface, input checks included:
   class's own methods keep their names: a ``forward`` that calls its own ``encode``/``decode``
   (in whatever argument order) reaches them, not the shared interface's.
 
+What a class must provide, checked in this order before anything else (``requirements``): a
+``torch.nn.Module`` subclass; a constructor called as ``Cls(config)``, one TransformerConfig
+(``self.config`` is set for it where it keeps none); ``forward`` or the three stages. The maps are
+optional (``inferred``).
+
 A weight map may send a canonical name to ``None``: a tensor the model does not have (attention
 biases, say). The adapted class holds a zero placeholder parameter for it, so canonical weights
 still import; ``absent_weights`` lists them and the checker treats them (``variants.check.battery``).
+A target with ``{h}`` sends a canonical (D, D) projection (and its bias) to per-head layers, head
+h holding rows h·D/H to (h + 1)·D/H (``Linear(D, D/H)`` each, the blog tutorials' ``Head``): the
+adapted class holds each projection as one parameter and hands each head its rows when the head
+runs. ``stack_names = {"encoder": "enc", "decoder": "dec"}`` on the class says what ``{stack}``
+stands for in its targets, for a model whose stacks are named otherwise (``enc_blocks``).
 A class that supports one norm mode only says so with ``norm_modes = ("pre",)`` (or
 ``("post",)``), or raises ``NotImplementedError`` from its constructor for the other.
 Before anything is built, ``check_signatures`` refuses stages whose recognisable argument names
@@ -29,6 +39,7 @@ import inspect
 import os
 import re
 import sys
+import traceback
 
 import torch
 from torch import Tensor, nn
@@ -37,8 +48,9 @@ from common import checks
 from common.cli import error_line
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
-from common.probes import resolve_probes
-from common.weights import Param, canonical_shapes, check_weight_map, match_patterns
+from common.probes import Probe, probe_points, resolve_probes
+from common.weights import Param, canonical_shapes, check_weight_map, first_of_each, match_patterns
+from variants.check.divergence import model_frame
 from variants.check.suggest import complete, draft
 from variants.spec import SpecError
 
@@ -70,6 +82,8 @@ ROLE_WORDS = (
     ("src", re.compile(r"^(src|source|inp)(?!.*mask)", re.I)),
 )
 ABSENT = "absent_placeholders"  # the module holding the zero placeholders of weights mapped to None
+PER_HEAD = "per_head_rows"  # the module holding, as one parameter each, the projections sent to heads
+STACKS = ("encoder", "decoder")
 
 
 def import_class(spec: str) -> type[nn.Module]:
@@ -91,9 +105,9 @@ def import_class(spec: str) -> type[nn.Module]:
         raise SpecError(f"{spec} is a {type(cls).__name__}, not a class")
     if not issubclass(cls, nn.Module):
         raise SpecError(f"{spec} is not a torch.nn.Module subclass")
-    if not (issubclass(cls, EncoderDecoder) or _has_stages(cls) or cls.forward is not nn.Module.forward):
-        raise SpecError(f"{spec} defines neither forward(src, tgt, src_mask, tgt_mask) nor "
-                        f"{'/'.join(STAGES)}")
+    unmet = requirements(cls)
+    if unmet:
+        raise SpecError(f"{spec}: " + "; ".join(unmet))
     if not isinstance(getattr(cls, "weight_map", None), dict):  # no maps: can they be inferred at all?
         for norm_first in (False, True):
             try:
@@ -108,10 +122,45 @@ def import_class(spec: str) -> type[nn.Module]:
     return cls
 
 
+def requirements(cls: type[nn.Module]) -> list[str]:
+    """What ``cls`` lacks of what the checker needs, one line each: a constructor called as
+    ``Cls(config)``, and ``forward`` or the three stages."""
+    unmet = []
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(None, None)  # self, config
+        except TypeError:
+            takes = ", ".join(name for name in list(signature.parameters)[1:])
+            unmet.append(f"the checker builds {cls.__name__}(config) from one TransformerConfig, but "
+                         f"{cls.__name__}.__init__ takes ({takes}): subclass it with __init__(self, config) "
+                         f"calling super().__init__(config.d_model, ...)")
+    if not (issubclass(cls, EncoderDecoder) or _has_stages(cls) or cls.forward is not nn.Module.forward):
+        unmet.append(f"{cls.__name__} defines neither forward(src, tgt, src_mask, tgt_mask) nor "
+                     f"{'/'.join(STAGES)}")
+    return unmet
+
+
+def stack_names(spec: str, cls: type[nn.Module]) -> dict[str, str]:
+    """The class's ``stack_names`` (what ``{stack}`` stands for in its map targets), checked."""
+    names = getattr(cls, "stack_names", None)
+    if names is None:
+        return {}
+    if not (isinstance(names, dict) and set(names) <= set(STACKS)
+            and all(isinstance(name, str) and name for name in names.values())):
+        raise SpecError(f"{spec}: stack_names must map 'encoder' and/or 'decoder' to the model's own names "
+                        f"for them, got {names!r}")
+    return names
+
+
 def build_outside(spec: str, cls: type[nn.Module], config: TransformerConfig) -> EncoderDecoder:
     """``cls(config)`` behind the shared interface, its signatures, weight map (and probe map)
     checked. NotImplementedError passes through: the class does not support this config."""
     check_signatures(spec, cls)
+    stack_names(spec, cls)
     if not isinstance(getattr(cls, "weight_map", None), dict):
         cls = inferred(spec, cls, config)
     modes = getattr(cls, "norm_modes", None)
@@ -125,6 +174,8 @@ def build_outside(spec: str, cls: type[nn.Module], config: TransformerConfig) ->
         model = interfaced(cls)(config)
     except NotImplementedError:
         raise  # the class says it does not support this config (pre-norm, say)
+    except MapError as error:
+        raise SpecError(f"{spec}: {error}") from error
     except Exception as error:
         raise SpecError(f"{spec}: {cls.__name__}(config) raised {error_line(error)}") from error
     if getattr(model, "config", None) is None:
@@ -184,7 +235,13 @@ def inferred(spec: str, cls: type[nn.Module], config: TransformerConfig) -> type
         except Exception as error:
             raise SpecError(f"{spec} declares no weight_map, and none could be inferred: "
                             f"{cls.__name__}(config) raised {error_line(error)}") from error
-        found = draft(model, config)
+        try:
+            found = draft(model, config)
+        except Exception as error:  # a module the draft cannot read: one line, not a traceback
+            place = model_frame(traceback.extract_tb(error.__traceback__))
+            raise SpecError(f"{spec} declares no weight_map, and its modules cannot be read to infer one: "
+                            f"{error_line(error)}{f' (at {place})' if place else ''}; write one "
+                            f"(docs/check.md)") from error
         missing = complete(found, config)
         if not any(True for _ in model.parameters()):
             raise SpecError(f"{spec} declares no weight_map, and has no parameters to infer one from") \
@@ -242,18 +299,69 @@ def role_of(name: str) -> str | None:
     return known or next((role for role, words in ROLE_WORDS if words.search(name)), None)
 
 
+class MapError(Exception):
+    """A weight map entry the adapter cannot apply to the built model (a per-head target)."""
+
+
+def _target_name(target) -> str | None:
+    return target if isinstance(target, str) else target.name if isinstance(target, Param) else \
+        target.module if isinstance(target, Probe) else None
+
+
+def _renamed(target, name: str):
+    if isinstance(target, Param):
+        return Param(name, target.layout, target.chunk)
+    if isinstance(target, Probe):
+        return Probe(name, target.call, target.item)
+    return name
+
+
+# enough layers that a pattern naming one literally still matches a name
+_NAMES_CONFIG = TransformerConfig(d_model=8, n_heads=2, n_layers=64, d_ff=8, src_vocab_size=2,
+                                  tgt_vocab_size=2)
+
+
+def with_stack_names(table: dict, names: dict[str, str], points: bool = False) -> dict:
+    """``table`` (a weight or probe map) with each entry whose pattern and target hold ``{stack}``
+    written once per stack it can match, the target's ``{stack}`` the model's own name for that
+    stack (``names``; the canonical name where it gives none)."""
+    if not names:
+        return table
+    known = probe_points(_NAMES_CONFIG) if points else list(canonical_shapes(_NAMES_CONFIG))
+    out = {}
+    for pattern, target in table.items():
+        text = _target_name(target)
+        if "{stack}" not in pattern or text is None or "{stack}" not in text:
+            out[pattern] = target
+            continue
+        for stack in STACKS:
+            concrete = pattern.replace("{stack}", stack)
+            if match_patterns({concrete: None}, known)[0]:
+                out[concrete] = _renamed(target, text.replace("{stack}", names.get(stack, stack)))
+    return out
+
+
+def _per_head(target) -> bool:
+    return "{h}" in (_target_name(target) or "")
+
+
 @functools.cache
 def interfaced(cls: type[nn.Module]) -> type[EncoderDecoder]:
-    """``cls`` itself if it is an EncoderDecoder mapping every canonical weight; else a subclass of
-    it (and of the adapter for its protocol), with the same name, parameters and modules (so its
-    maps apply as declared), plus a zero placeholder for each weight it maps to ``None``."""
+    """``cls`` itself if it is an EncoderDecoder mapping every canonical weight to one tensor;
+    else a subclass of it (and of the adapter for its protocol), with the same name, parameters
+    and modules (so its maps apply as declared), plus a zero placeholder for each weight it maps
+    to ``None``, each projection it sends to heads (``{h}``) held as one parameter, its
+    ``stack_names`` written into its maps, and ``config`` kept where the class keeps none."""
+    names = getattr(cls, "stack_names", None) or {}
     declared = getattr(cls, "weight_map", None)
-    absent = ([pattern for pattern, target in declared.items() if target is None]
-              if isinstance(declared, dict) else [])
-    if issubclass(cls, EncoderDecoder) and not absent:
+    declared = with_stack_names(declared, names) if isinstance(declared, dict) else None
+    probes = getattr(cls, "probe_map", None)
+    absent = [pattern for pattern, target in (declared or {}).items() if target is None]
+    heads = [pattern for pattern, target in (declared or {}).items() if _per_head(target)]
+    if issubclass(cls, EncoderDecoder) and not absent and not heads and not names:
         return cls
     namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-                 "_outside": cls}
+                 "_outside": cls, "_declared_map": declared, "__init__": _init_adapted}
     if issubclass(cls, EncoderDecoder):
         bases: tuple[type, ...] = (cls,)
     elif _has_stages(cls):
@@ -261,25 +369,111 @@ def interfaced(cls: type[nn.Module]) -> type[EncoderDecoder]:
     else:
         bases = (_ForwardOnly, cls)
         namespace.update(_own_methods(cls))  # its forward may call them: the interface must not hide them
-    if absent:
-        namespace["weight_map"] = {pattern: Param(f"{ABSENT}.{pattern.replace('.', '_')}") if target is None
-                                   else target for pattern, target in cls.weight_map.items()}
-        namespace["__init__"] = _init_with_placeholders
+    if declared is not None and (absent or heads or names):
+        namespace["weight_map"] = {
+            pattern: Param(f"{ABSENT if target is None else PER_HEAD}.{pattern.replace('.', '_')}")
+            if target is None or _per_head(target) else target for pattern, target in declared.items()}
+    if names and isinstance(probes, dict):
+        namespace["probe_map"] = with_stack_names(probes, names, points=True)
     return type(cls.__name__, bases, namespace)
 
 
-def _init_with_placeholders(self, config: TransformerConfig, *args, **kwargs) -> None:
-    """The class's own constructor, then a zero parameter for each canonical weight it maps to
-    None, and ``absent_weights``, their canonical names."""
-    outside = type(self)._outside
-    outside.__init__(self, config, *args, **kwargs)
+@functools.cache
+def drafting(cls: type[nn.Module]) -> type[EncoderDecoder]:
+    """``cls`` behind the interface with its maps left out, as ``--suggest-maps`` reads it: its
+    per-head layers as the class builds them."""
+    bare = type(cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                      "weight_map": None, "probe_map": None, "stack_names": None})
+    return interfaced(bare)
+
+
+def _init_adapted(self, config: TransformerConfig, *args, **kwargs) -> None:
+    """The class's own constructor; then ``config`` where it keeps none, each projection its map
+    sends to heads held as one parameter, and a zero parameter for each canonical weight it maps
+    to None (``absent_weights``, their canonical names)."""
+    adapted = type(self)
+    adapted._outside.__init__(self, config, *args, **kwargs)
+    if getattr(self, "config", None) is None:
+        self.config = config
+    declared = adapted._declared_map or {}
     shapes = canonical_shapes(config)
-    declared = {pattern: None for pattern, target in outside.weight_map.items() if target is None}
-    matched, _ = match_patterns(declared, shapes)
-    placeholders = nn.ParameterDict({name.replace(".", "_"): nn.Parameter(torch.zeros(shapes[name]))
-                                     for name in matched})
-    self.add_module(ABSENT, placeholders)
+    heads = {pattern: target for pattern, target in declared.items() if _per_head(target)}
+    if heads:
+        _hold_heads(self, heads, config)
+    matched, _ = match_patterns({p: t for p, t in declared.items() if t is None}, shapes)
+    if matched:
+        placeholders = nn.ParameterDict({name.replace(".", "_"): nn.Parameter(torch.zeros(shapes[name]))
+                                         for name in matched})
+        self.add_module(ABSENT, placeholders)
     self.absent_weights = tuple(matched)
+
+
+class RowBlock:
+    """A forward pre-hook: before a head's module runs, its weight (or bias) is its rows of the
+    one parameter that holds the canonical projection."""
+
+    def __init__(self, rows: nn.ParameterDict, key: str, owner: nn.Module, leaf: str, block: slice) -> None:
+        self.rows, self.key, self.owner, self.leaf, self.block = rows, key, owner, leaf, block
+
+    def __call__(self, _module, _args) -> None:
+        setattr(self.owner, self.leaf, self.rows[self.key][self.block])
+
+
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)
+
+
+def _hold_heads(model: nn.Module, table: dict, config: TransformerConfig) -> None:
+    """Each canonical projection ``table`` sends to heads (``{h}`` in the target) becomes one
+    parameter of ``model.per_head_rows``, its rows those of the heads' tensors in head order; each
+    head's tensor leaves the model and is that parameter's rows whenever its module runs.
+    MapError names every target that does not fit."""
+    shapes = canonical_shapes(config)
+    matched, _ = match_patterns(table, shapes)
+    rows = nn.ParameterDict()
+    model.add_module(PER_HEAD, rows)
+    size = config.d_model // config.n_heads
+    problems = []
+    for name, (target, fields) in matched.items():
+        if isinstance(target, Param) and (target.layout or target.chunk):
+            problems.append((target.name, f"sends {name} to heads with a layout or chunk: per-head targets "
+                                          f"take nn.Linear's layout, rows {size} per head"))
+            continue
+        template = _target_name(target)
+        paths = [template.format(**fields, h=h) for h in range(config.n_heads)]
+        try:
+            pieces = [model.get_parameter(path) for path in paths]
+        except AttributeError:
+            missing = next(path for path in paths if not _has_parameter(model, path))
+            problems.append((template, f"sends {name} to {missing}, which the model lacks"))
+            continue
+        expected = (size, *shapes[name][1:])
+        wrong = next((path for path, piece in zip(paths, pieces, strict=True)
+                      if tuple(piece.shape) != expected), None)
+        if wrong is not None:
+            problems.append((template, f"sends {name} {shapes[name]} to {config.n_heads} heads, {expected} "
+                                       f"each, but {wrong} holds {tuple(model.get_parameter(wrong).shape)}"))
+            continue
+        key = name.replace(".", "_")
+        rows[key] = nn.Parameter(torch.cat([piece.detach() for piece in pieces]))
+        for h, path in enumerate(paths):
+            owner_path, _, leaf = path.rpartition(".")
+            owner = model.get_submodule(owner_path)
+            delattr(owner, leaf)
+            runs = owner_path
+            while runs and isinstance(model.get_submodule(runs), _CONTAINERS):
+                runs = runs.rpartition(".")[0]  # a list of heads is not called: its holder is
+            model.get_submodule(runs).register_forward_pre_hook(
+                RowBlock(rows, key, owner, leaf, slice(h * size, (h + 1) * size)))
+    if problems:
+        raise MapError(f"{type(model).__name__}.weight_map " + "; ".join(first_of_each(problems)))
+
+
+def _has_parameter(model: nn.Module, path: str) -> bool:
+    try:
+        model.get_parameter(path)
+    except AttributeError:
+        return False
+    return True
 
 
 def own_stage(model: nn.Module, stage: str):

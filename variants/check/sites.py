@@ -1,4 +1,4 @@
-"""Where a model applies dropout, against the architecture's sites: the one check that looks at
+"""Where a model applies dropout, against a named reference's sites: the one check that looks at
 training-mode behaviour beyond "dropout 0 is deterministic".
 
 The model runs one batch in train mode with dropout ``P`` under a torch function mode that sees
@@ -7,14 +7,18 @@ every ``F.dropout`` (``nn.Dropout`` calls it), every ``F.scaled_dot_product_atte
 map's modules note each point as it completes. A dropout is placed by what it drops and when:
 
 - a (B, H, T_query, T_key) tensor, or an attention function's own dropout: the attention weights
-  of the next attention point to complete;
+  of the next attention point to complete; H tensors of (B, T_query, T_key), one per head (an
+  attention written as a list of heads), are one such site;
 - a tensor of width d_ff: the hidden layer of the next feed-forward point;
 - a tensor of width d_model after an attention or a feed-forward completed: that sublayer's
   output, before the residual; before a stack's first sublayer: the stack's embeddings;
 - anything else (after a norm, after a layer) is a site the architecture does not have.
 
-The architecture's sites (docs/architecture.md): each stack's embeddings, every attention's weights and
-output, every feed-forward's hidden layer and output, each at probability ``config.dropout``.
+Two references (``REFERENCES``), each at probability ``config.dropout``: ``torch``,
+``torch.nn.Transformer``'s sites and this suite's architecture (docs/architecture.md): each
+stack's embeddings, every attention's weights and output, every feed-forward's hidden layer and
+output; ``paper``, the paper's (section 5.4, "Residual Dropout"): each stack's embeddings and
+every sublayer's output, before the residual, and nothing else.
 """
 
 from __future__ import annotations
@@ -35,18 +39,22 @@ P = 0.3  # not the common default 0.1, so a dropout wired to a constant shows
 WEIGHTS, OUTPUT, HIDDEN, EMBEDDINGS = ("attention weights", "output, before the residual", "hidden layer",
                                        "embeddings")
 ATTENTIONS = (".self_attn", ".cross_attn")
+# reference -> how the report names its sites
+REFERENCES = {"torch": "torch.nn.Transformer's sites", "paper": "the paper's sites (section 5.4)"}
 
 
-def expected_sites(config: TransformerConfig) -> list[tuple[str, str]]:
-    """(point, what it drops) for every dropout the architecture applies, in order."""
+def expected_sites(config: TransformerConfig, reference: str = "torch") -> list[tuple[str, str]]:
+    """(point, what it drops) for every dropout ``reference`` applies, in order."""
+    if reference not in REFERENCES:
+        raise ValueError(f"reference must be one of {', '.join(REFERENCES)}, got {reference!r}")
     sites = []
     for point in probe_points(config):
         if point.endswith("_embed"):
             sites.append((point, EMBEDDINGS))
         elif point.endswith(ATTENTIONS):
-            sites += [(point, WEIGHTS), (point, OUTPUT)]
+            sites += [(point, WEIGHTS), (point, OUTPUT)] if reference == "torch" else [(point, OUTPUT)]
         elif point.endswith(".ff"):
-            sites += [(point, HIDDEN), (point, OUTPUT)]
+            sites += [(point, HIDDEN), (point, OUTPUT)] if reference == "torch" else [(point, OUTPUT)]
     return sites
 
 
@@ -98,27 +106,45 @@ def observed_sites(model: nn.Module, config: TransformerConfig, seed: int = 0
         if probe is not None:
             by_module.setdefault(probe.module, []).append((point, probe.call))
     hooks = [modules[name].register_forward_hook(done(name, points)) for name, points in by_module.items()]
+    batch = random_batch(config, seed=seed)
     try:
         with torch.random.fork_rng(devices=[]), DropoutWatch(events):
             torch.manual_seed(seed)
-            model.train()(*random_batch(config, seed=seed).inputs())
+            model.train()(*batch.inputs())
     finally:
         for handle in hooks:
             handle.remove()
-    return place(events, config)
+    return place(events, config, (batch.src.shape[0], batch.src.shape[1], batch.tgt.shape[1]))
 
 
-def place(events: list, config: TransformerConfig) -> list[tuple[str, str, float]]:
-    """The dropout events placed at points (see the module docstring)."""
+def _one_head(shape: tuple[int, ...], config: TransformerConfig, batch: tuple[int, int, int] | None) -> bool:
+    """A (B, T_query, T_key) tensor: one head's attention weights."""
+    if batch is None or len(shape) != 3 or shape[0] != batch[0]:
+        return False
+    lengths = set(batch[1:])
+    return shape[1] in lengths and shape[2] in lengths and shape[2] not in (config.d_model, config.d_ff)
+
+
+def place(events: list, config: TransformerConfig, batch: tuple[int, int, int] | None = None,
+          ) -> list[tuple[str, str, float]]:
+    """The dropout events placed at points (see the module docstring); ``batch`` is (B, S, T) of
+    the batch that ran, to know one head's weights by their shape."""
     sites = []
     last = None
+    heads: Counter = Counter()  # (point, p) -> per-head drops not yet counted as a site
     for k, (kind, what) in enumerate(events):
         if kind == "done":
             last = what
             continue
         shape, p, attention = what
         upcoming = [point for later, point in events[k + 1:] if later == "done"]
-        if attention or (len(shape) == 4 and shape[1] == config.n_heads):
+        if _one_head(shape, config, batch):
+            point = next((q for q in upcoming if q.endswith(ATTENTIONS)), "")
+            heads[(point, p)] += 1
+            if heads[(point, p)] == config.n_heads:
+                sites.append((point, WEIGHTS, p))
+                del heads[(point, p)]
+        elif attention or (len(shape) == 4 and shape[1] == config.n_heads):
             point = next((q for q in upcoming if q.endswith(ATTENTIONS)), "")
             sites.append((point, WEIGHTS, p))
         elif shape and shape[-1] == config.d_ff and config.d_ff != config.d_model:
@@ -129,6 +155,8 @@ def place(events: list, config: TransformerConfig) -> list[tuple[str, str, float
             sites.append((f"{_stream(upcoming[0])}_embed", EMBEDDINGS, p))
         else:
             sites.append((last, "after this point", p))
+    sites += [(point, f"attention weights of {count} of {config.n_heads} heads", p)
+              for (point, p), count in heads.items()]
     return sites
 
 
@@ -136,11 +164,13 @@ def _stream(point: str) -> str:
     return "src" if point.startswith(("src_embed", "encoder")) else "tgt"
 
 
-def compare_sites(observed: list[tuple[str, str, float]], config: TransformerConfig) -> tuple[list[str], ...]:
-    """(missing sites, unexpected sites, sites at another p), each as "point (what)"."""
-    want = Counter(expected_sites(config))
+def compare_sites(observed: list[tuple[str, str, float]], config: TransformerConfig,
+                  reference: str = "torch") -> tuple[list[str], ...]:
+    """(missing sites, unexpected sites, sites at another p) against ``reference``'s sites, each
+    as "point (what)"."""
+    want = Counter(expected_sites(config, reference))
     got = Counter((point, what) for point, what, _ in observed)
-    order = {site: k for k, site in enumerate(expected_sites(config))}
+    order = {site: k for k, site in enumerate(expected_sites(config, reference))}
     missing = sorted((want - got).elements(), key=lambda site: order[site])
     extra = list((got - want).elements())
     wrong_p = [(point, what, p) for point, what, p in observed if abs(p - config.dropout) > 1e-12]

@@ -91,8 +91,10 @@ def test_the_command_prints_the_finder_after_a_failed_forward(capsys):
     assert "where forward float64 post-norm S=7 T=5 first differs (SwappedCrossKeysValues vs torch):" in out
     marked = [line for line in out.splitlines() if "<- first divergence" in line]
     assert len(marked) == 1 and marked[0].startswith("decoder.layers.1.cross_attn ")
-    assert out.rstrip().splitlines()[-1].startswith(
-        "first divergence: decoder.layers.1.cross_attn (max |Δ| ")
+    located, explained = out.rstrip().splitlines()[-2:]
+    assert located.startswith("first divergence: decoder.layers.1.cross_attn (max |Δ| ")
+    assert explained.startswith("explained: keys projected with W_v and values with W_k; recomputed so, "
+                                "decoder.layers.1.cross_attn matches the model to ")
 
 
 def test_the_finder_works_between_any_two_models():
@@ -121,7 +123,8 @@ def test_a_model_without_pre_norm_is_checked_post_norm_and_says_pre_norm_is_not_
     (f"{OUTSIDE}.broken:NoWeightMap", "declares no weight_map"),
     (f"{OUTSIDE}.broken:IncompleteMap", "does not cover 2 canonical names: decoder.norm.weight, "
                                         "decoder.norm.bias"),
-    (f"{OUTSIDE}.broken:TakesNumbers", "TakesNumbers(config) raised TypeError"),
+    (f"{OUTSIDE}.broken:TakesNumbers", "the checker builds TakesNumbers(config) from one TransformerConfig, "
+                                       "but TakesNumbers.__init__ takes (d_model, heads)"),
     (f"{OUTSIDE}.broken:MisspeltProbe", "sends encoder.layers.0.ff to 'encoder.layers.0.feedforward'"),
 ])
 def test_what_cannot_be_built_is_one_line_and_exit_2(spec, says, capsys):
@@ -177,8 +180,12 @@ def test_the_reference_skips_its_fully_masked_row():
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", BUGS)
 def test_each_classic_bug_fails_the_whole_command(spec, capsys):
+    """The last lines: the first divergence, then what explains it, or what was tried."""
     assert main([spec]) == 1
-    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith(f"first divergence: {BUGS[spec]} (")
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    located = next(line for line in lines if line.startswith("first divergence: "))
+    assert located.startswith(f"first divergence: {BUGS[spec]} (")
+    assert lines[-1] == located or lines[-1].startswith(("explained: ", "not explained by ")), lines[-2:]
 
 
 @pytest.mark.slow

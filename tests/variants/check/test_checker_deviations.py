@@ -40,8 +40,9 @@ PRE = SMALL.replace(norm_first=True)
 # docs/check.md's table lists the same, with the digits of the default config
 DEVIATIONS = {
     'a sinusoid table built in float32': (
-        f"{FIXTURES}.sublayers:Float32Table", 1,
-        'note: src_embed differs by 6.7e-08: float32 rounding, e.g. a float32 position table'),
+        f"{FIXTURES}.sublayers:Float32Table", 0,
+        "float32 rounding only: src_embed differs by 6.7e-08: float32 rounding, Float32Table's buffer "
+        "src_embed.1.pe holds float32 values"),
     'LayerNorm of the std, eps outside the root': (
         f"{FIXTURES}.bugs:Source1LayerNorm", 1,
         'first divergence: encoder.layers.0.norm1 (max |Δ| 0.05)'),
@@ -68,11 +69,11 @@ DEVIATIONS = {
         'declared absent (None in the weight map): 24 biases, held at zero in both models'),
     'no final LayerNorms': (
         f"{FIXTURES}.blocks:NoFinalNorms", 1,
-        'first divergence: encoder.norm (max |Δ| 3.6)'),
+        'explained: no LayerNorm here: the value is its input, unnormalised'),
     'no final LayerNorms, probe map None': (
         f"{FIXTURES}.blocks:NoFinalNormsUnprobed", 1,
-        "first divergence: encoder.norm (absent in NoFinalNormsUnprobed: compared at model.encoder's output; "
-        "max |Δ| 3.6)"),
+        "first divergence: encoder.norm (absent in NoFinalNormsUnprobed: compared at "
+        "model.encoder.layers.1's output; max |Δ| 3.6)"),
     'dropout not wired through to attention': (
         f"{FIXTURES}.sublayers:UnwiredDropout", 1,
         'encoder.layers.0.self_attn.dropout (Dropout(p=0.1, inplace=False)) still drops'),
@@ -81,13 +82,13 @@ DEVIATIONS = {
         'norm modes checked: pre-norm; post-norm: not supported: pre-norm only'),
     'another LayerNorm eps': (
         f"{FIXTURES}.blocks:LayerNormEps", 1,
-        'first divergence: encoder.layers.0.norm1 (max |Δ| 2e-05)'),
+        "explained: LayerNorm eps 1e-05 (nn.LayerNorm's default) where the reference's is 1e-06"),
     'LayerNorm eps 1e-12, float64 throughout': (
         f"{FIXTURES}.residual:Eps1e12", 1,
         'first divergence: encoder.layers.0.norm1 (max |Δ| 1.1e-06); everything before it agrees to 1.3e-15'),
     'a LayerNorm between embedding and first layer': (
         f"{FIXTURES}.residual:EmbeddingNorm", 1,
-        'first divergence: src_embed (max |Δ| 1.9); nothing comes before it'),
+        'explained: a LayerNorm (eps 1e-06, gain 1, shift 0) on the embeddings before the first layer'),
     'logits, not log-probabilities': (
         f"{FIXTURES}.residual:Logits", 1,
         "hint: the rows' logsumexp is up to 4, not 0: logits, not log-probabilities"),
@@ -137,6 +138,36 @@ DEVIATIONS = {
     'the same, checked as tied': (
         f"{FIXTURES}.tokens:Tied --share-embeddings", 0,
         'vocabularies 23 and 23 (shared, tied to the generator)'),
+    "per-head `Linear(D, D/H)` lists, own names, a float32 table, the paper's dropout": (
+        f"{FIXTURES}.blog:Checked --dropout-sites paper", 0,
+        'every check passes; 4 of them within float32 rounding only'),
+    "the same, against `torch.nn.Transformer`'s dropout sites": (
+        f"{FIXTURES}.blog:Checked", 1,
+        "hint: these are the paper's sites (section 5.4) exactly: check against them with "
+        "--dropout-sites paper"),
+    "per-head attention dropout too (`torch.nn.Transformer`'s sites)": (
+        f"{FIXTURES}.blog:TorchSites", 0,
+        "dropout: 0 in every check but the sites check (p=0.3, against torch.nn.Transformer's sites)"),
+    "each head's scores divided by √d_model": (
+        f"{FIXTURES}.blog:ScaledBySqrtDModel", 1,
+        "explained: the scores are divided by √d_model = √32 where the reference divides by √d_k = √8: a "
+        "factor √H = √(d_model/d_k) = 2 smaller"),
+    "`nn.LayerNorm` at its default eps": (
+        f"{FIXTURES}.blog:LayerNormEps", 1,
+        "explained: LayerNorm eps 1e-05 (nn.LayerNorm's default) where the reference's is 1e-06"),
+    "per-head (B, T, S) scores given the suite's 4-D masks": (
+        f"{FIXTURES}.blog:Broadcasting", 1,
+        "hint: the output is (3, 3, 5, 19) where the reference's is (3, 5, 19): masked_fill at "
+        "tests/fixtures/outside/blog.py:51 in forward broadcast a (3, 7, 7) tensor against a (3, 1, 1, 7) "
+        "mask"),
+    "layers returning `(output, attention)`, learned positions, no final norms": (
+        f"{FIXTURES}.tuples:Checked", 1,
+        "explained: learned positions: rows of the model's own encoder.pos_embedding.weight added where the "
+        "reference adds the sinusoids"),
+    "the same with the sinusoids: no final norms": (
+        f"{FIXTURES}.tuples:Sinusoids", 1,
+        "first divergence: encoder.norm (absent in Sinusoids: compared at encoder.layers.1's output; "
+        "max |Δ| 1)"),
 }
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
 
@@ -205,7 +236,10 @@ def test_a_float32_table_is_noted_and_the_later_bug_named():
     assert line.startswith("first divergence: encoder.layers.0.norm1 (max |Δ| "), line
     assert line.endswith("(float32 rounding)")
     (note,) = precision_notes(differences, FLOAT64.atol)
-    assert re.fullmatch(r"src_embed differs by \S+: float32 rounding, e.g. a float32 position table", note)
+    line = line_of(sublayers, "self.pe[: x.shape[1]]")
+    assert re.fullmatch(r"src_embed differs by \S+: float32 rounding, Float32TableStdNorm's buffer "
+                        r"src_embed\.1\.pe holds float32 values \(a table computed in float32, then cast "
+                        rf"up\), at tests/fixtures/outside/sublayers\.py:{line} in forward", note), note
     table_difference = differences[0].max_abs
     assert 1e-9 < table_difference < 1e-6  # float32's rounding of values of order one, not 0
 
@@ -295,8 +329,15 @@ def test_the_config_is_chosen_on_the_command_line_and_printed(capsys):
     assert main([f"{FIXTURES}.tutorial:Transformer", "--d-model", "16", "--heads", "2", "--layers", "1",
                  "--d-ff", "32", "--vocab", "11", "13", "--norm", "post"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"{FIXTURES}.tutorial:Transformer against torch: d_model 16, 2 heads, 1 layer, "
-                          "d_ff 32, vocabularies 11 and 13, seed 0\nnorm modes checked: post-norm\n")
+    first, reference, dropout, modes = out.splitlines()[:4]
+    assert first == (f"{FIXTURES}.tutorial:Transformer against torch: d_model 16, 2 heads, 1 layer, d_ff 32, "
+                     "vocabularies 11 and 13, seed 0")
+    assert reference.startswith("reference (torch): post-norm x = norm(x + sublayer(x)) or pre-norm ")
+    assert "LayerNorm eps 1e-06 (biased variance, inside the root)" in reference
+    assert "ReLU feed-forward, scores ÷ √d_k = √8" in reference
+    assert dropout == ("dropout: 0 in every check but the sites check (p=0.3, against "
+                       "torch.nn.Transformer's sites)")
+    assert modes == "norm modes checked: post-norm"
     with pytest.raises(SystemExit) as exit_info:
         main([f"{FIXTURES}.tutorial:Transformer", "--heads", "5"])
     assert exit_info.value.code == 2
@@ -341,8 +382,9 @@ def test_the_help_states_the_defaults(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("deviation", DEVIATIONS, ids=[spec.rpartition(".")[2].replace(" --", "-")
-                                                      for spec, _, _ in DEVIATIONS.values()])
+@pytest.mark.parametrize("deviation", DEVIATIONS,
+                         ids=[spec.rpartition(".")[2].replace(" --", "-").replace(" ", "-")
+                              for spec, _, _ in DEVIATIONS.values()])
 def test_each_deviation_end_to_end(deviation, capsys):
     """``python -m variants.check SPEC``; post-norm only where the class supports both modes (the
     finder explains the first post-norm check either way), to keep the run short."""
@@ -361,6 +403,7 @@ def test_each_deviation_end_to_end(deviation, capsys):
 def test_the_docs_table_of_deviations_is_the_fixtures():
     """docs/check.md lists every deviation here: the fixture, the exit status and the line."""
     page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").replace("\\|", "|")
-    rows = re.findall(r"^\| (.+?) \| `(\S+:\w+(?: --[\w-]+)*)` \| (\d) \| `([^`]+)` \|$", page, flags=re.M)
+    rows = re.findall(r"^\| (.+?) \| `(\S+:\w+(?: --[\w-]+(?: [a-z]+)?)*)` \| (\d) \| `([^`]+)` \|$", page,
+                      flags=re.M)
     assert {deviation: (f"{FIXTURES}.{spec}", int(status), says) for deviation, spec, status, says in rows} \
         == DEVIATIONS

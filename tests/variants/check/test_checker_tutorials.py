@@ -80,15 +80,15 @@ def test_a_float32_table_stays_rounding_because_its_values_are_float32():
 # --- 2. a point declared absent -------------------------------------------------------------
 
 
-def test_a_final_norm_declared_absent_is_probed_at_its_stack_and_named():
+def test_a_final_norm_declared_absent_is_probed_at_the_last_layer_and_named():
     """NoFinalNormsUnprobed maps the final norms to None in both maps: the finder compares the
-    encoder's output there and names the norm as absent, with the difference that NoFinalNorms
-    (its probe on the Identity left in the norm's place) measures."""
+    last encoder layer's output there and names the norm as absent, with the difference that
+    NoFinalNorms (its probe on the Identity left in the norm's place) measures."""
     case = first_case(PRE)
     unprobed = locate(f"{FIXTURES}.blocks:NoFinalNormsUnprobed", case)
     line = first_divergence(unprobed, FLOAT64.atol)
     assert line.startswith("first divergence: encoder.norm (absent in NoFinalNormsUnprobed: compared at "
-                           "model.encoder's output; max |Δ| "), line
+                           "model.encoder.layers.1's output; max |Δ| "), line
     probed = {d.point: d.max_abs for d in locate(f"{FIXTURES}.blocks:NoFinalNorms", case)}
     assert next(d.max_abs for d in unprobed if d.point == "encoder.norm") == probed["encoder.norm"] > 1
 
@@ -105,11 +105,14 @@ def test_a_padding_idx_row_is_named():
            "with padding_idx?" in result.detail, result.detail
 
 
-def test_gradients_within_float32_rounding_are_not_named_first():
+def test_gradients_within_float32_rounding_only_pass_with_the_note():
+    """A float32 table: every gradient past 1e-10 lies within the reference's own float32
+    rounding of it, and float32 is on the model's path: a pass, as float32 rounding only. (A
+    float64 model off by as little fails: tests/variants/check/test_checker_thresholds.py.)"""
     result = gradients(f"{FIXTURES}.sublayers:Float32Table", REFERENCE, PRE.replace(n_layers=1), 0)
-    assert result.passed is False and result.max_abs < 1e-7
-    assert not result.detail.startswith("first differs"), result.detail
-    assert re.match(r"\d+ differ within float32 rounding \(src_embed\.weight ", result.detail), result.detail
+    assert result.passed is True and result.precision is True and 1e-10 < result.max_abs < 1e-7
+    assert re.match(r"float32 rounding only: \d+ differ within float32 rounding \(src_embed\.weight ",
+                    result.detail), result.detail
 
 
 class DetachedGeneratorBias(tutorial.Transformer):

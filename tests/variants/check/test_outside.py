@@ -112,7 +112,9 @@ BAD_SPECS = {
     f"{OUTSIDE}.broken:NoWeightMap": f"{OUTSIDE}.broken:NoWeightMap declares no weight_map",
     f"{OUTSIDE}.broken:NoProtocol": "defines neither forward(src, tgt, src_mask, tgt_mask) nor "
                                     "encode/decode/project",
-    f"{OUTSIDE}.broken:TakesNumbers": "TakesNumbers(config) raised TypeError: ",
+    f"{OUTSIDE}.broken:TakesNumbers": "the checker builds TakesNumbers(config) from one TransformerConfig, "
+                                      "but TakesNumbers.__init__ takes (d_model, heads): subclass it with "
+                                      "__init__(self, config)",
     f"{OUTSIDE}.broken:IncompleteMap": "IncompleteMap.weight_map does not cover 2 canonical names: "
                                        "decoder.norm.weight, decoder.norm.bias",
     f"{OUTSIDE}.broken:MisspeltProbe": "MisspeltProbe.probe_map sends encoder.layers.0.ff to "
