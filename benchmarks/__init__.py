@@ -33,6 +33,7 @@ directory); each prints, and nothing in the library imports one:
     compile_masks   where a compiled train step's dropout masks come from, and what it costs
     time_breakdown  where a train step's time goes, per variant: a table and a picture
     low_precision   how far bfloat16 and float16 log-probs stray from float32 (``MEASURED``)
+    coverage        how often several runs' intervals hold their pooled ratio (and the control 1)
     learners/       one seed, five learners: every variant trained on real translation
                     (``python -m benchmarks.learners``; its library is ``learners.study``)
 
