@@ -6,6 +6,7 @@ disagrees, the first point of the computation where it does.
     python -m variants.check einsum --against explicit          # any two variants
     python -m variants.check mypackage.model:Transformer --suggest-maps   # draft maps to paste
     python -m variants.check mypackage.model:Tied --share-embeddings       # a tied model, tied reference
+    python -m variants.check explicit --activation silu --no-final-norm --positions marian --norm-eps 1e-5
 
 Prints the config and the norm modes that ran, a table (check, result, largest difference,
 tolerance) and, after a failed forward check, every probe point in order of computation with its
@@ -20,6 +21,7 @@ one fails, 2 if SPEC cannot be built in any mode asked for (one line).
 
 from __future__ import annotations
 
+import argparse
 import math
 import re
 import sys
@@ -27,7 +29,7 @@ import sys
 from tabulate import tabulate
 
 from common.cli import Parser, config_or_exit, error_line, positive, seed_int
-from common.config import TransformerConfig
+from common.config import ACTIVATIONS, DECODER_STARTS, POSITIONS, TransformerConfig
 from variants import REFERENCE, VARIANTS, SpecError, build, variant_argument, variant_class
 from variants.check.battery import (
     CONFIG,
@@ -71,6 +73,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--d-ff", type=positive(int), default=CONFIG.d_ff,
                         help=f"feed-forward width (default {CONFIG.d_ff}, {CONFIG.d_ff // CONFIG.d_model} × "
                              f"d_model)")
+    parser.add_argument("--decoder-d-ff", type=positive(int), default=None,
+                        help="the decoder's feed-forward width, where it differs from the encoder's "
+                             "(default: --d-ff)")
+    parser.add_argument("--norm-eps", type=positive(float), default=CONFIG.norm_eps,
+                        help=f"LayerNorm's eps, inside the square root (default {CONFIG.norm_eps:g}; "
+                             f"nn.LayerNorm's is 1e-5)")
+    parser.add_argument("--activation", choices=ACTIVATIONS, default=CONFIG.activation,
+                        help=f"the feed-forward's nonlinearity (default {CONFIG.activation}; silu is swish)")
+    parser.add_argument("--final-norm", action=argparse.BooleanOptionalAction, default=CONFIG.final_norm,
+                        help="a LayerNorm after each stack, as torch.nn.Transformer (the default); "
+                             "--no-final-norm: none, as Marian and fairseq")
+    parser.add_argument("--positions", choices=POSITIONS, default=CONFIG.positions,
+                        help=f"the sinusoid table (default {CONFIG.positions}, interleaved; marian: "
+                             f"[sin | cos] halves; fairseq: halves from pad_id + 1)")
+    parser.add_argument("--decoder-start", choices=DECODER_STARTS, default=CONFIG.decoder_start,
+                        help=f"the decoder's first id (default {CONFIG.decoder_start}; pad: Marian's, eos: "
+                             f"fairseq's); the battery's targets start with a real token")
     parser.add_argument("--vocab", type=positive(int), nargs=2, default=None,
                         metavar=("SRC", "TGT"), help=f"source and target vocabulary sizes (default "
                                                      f"{CONFIG.src_vocab_size} {CONFIG.tgt_vocab_size}); "
@@ -95,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
                            else (CONFIG.src_vocab_size, CONFIG.tgt_vocab_size))
     config = config_or_exit(parser, CONFIG, d_model=args.d_model, n_heads=args.heads, n_layers=args.layers,
                             d_ff=args.d_ff, src_vocab_size=vocab[0], tgt_vocab_size=vocab[1],
-                            share_embeddings=args.share_embeddings)
+                            share_embeddings=args.share_embeddings, decoder_d_ff=args.decoder_d_ff,
+                            norm_eps=args.norm_eps, activation=args.activation, final_norm=args.final_norm,
+                            positions=args.positions, decoder_start=args.decoder_start)
     try:
         if args.suggest_maps:
             print(suggested_maps(args.spec, config, NORM_CHOICES[args.norm]))
@@ -105,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     except SpecError as error:
         parser.exit(2, f"{parser.prog}: error: {error}{width_hint(str(error))}\n")
     print(f"{args.spec} against {args.against}: d_model {config.d_model}, {config.n_heads} heads, "
-          f"{config.n_layers} layer{'s' * (config.n_layers != 1)}, d_ff {config.d_ff}, vocabularies "
+          f"{config.n_layers} layer{'s' * (config.n_layers != 1)}, d_ff {config.d_ff}"
+          f"{'' if config.decoder_d_ff is None else f' (the decoder {config.decoder_ff_dim})'}, vocabularies "
           f"{config.src_vocab_size} and {config.tgt_vocab_size}"
           f"{' (shared, tied to the generator)' if config.share_embeddings else ''}, seed {args.seed}")
     print(reference_line(args.against, config, args.dropout_sites))
@@ -195,10 +217,15 @@ def suggested_maps(spec: str, config: TransformerConfig, modes: tuple[str, ...])
 
 
 def width_hint(message: str) -> str:
-    """A pointer to --d-ff where a build fails on the feed-forward's width."""
-    found = re.search(r"ff\.w1\.weight \(\d+, \d+\) to \S+, which holds \((\d+), \d+\)", message)
-    return f"; hint: the model's feed-forward width is {found.group(1)}: pass --d-ff {found.group(1)}" \
-        if found else ""
+    """A pointer to --d-ff (--decoder-d-ff for the decoder's alone) where a build fails on the
+    feed-forward's width."""
+    found = re.search(r"(\w+)\.layers\.\d+\.ff\.w1\.weight \(\d+, \d+\) to \S+, which holds \((\d+), \d+\)",
+                      message)
+    if found is None:
+        return ""
+    option = "--decoder-d-ff" if found.group(1) == "decoder" else "--d-ff"
+    return f"; hint: the model's {found.group(1)} feed-forward width is {found.group(2)}: pass {option} " \
+           f"{found.group(2)}"
 
 
 def verdict(result: Result) -> str:

@@ -486,10 +486,12 @@ def loss_of(model: nn.Module, batch: Batch, pad_id: int) -> Tensor:
 
 
 def computation_order(config: TransformerConfig) -> list[str]:
-    """The canonical names in the order the forward pass first uses them."""
+    """The canonical names in the order the forward pass first uses them: the target embedding
+    after the whole encoder (its final norm, where the config has one), before the decoder's
+    first layer."""
     names = list(canonical_shapes(config))
     names.remove("tgt_embed.weight")
-    names.insert(names.index("encoder.norm.bias") + 1, "tgt_embed.weight")
+    names.insert(names.index("decoder.layers.0.self_attn.wq.weight"), "tgt_embed.weight")
     return names
 
 

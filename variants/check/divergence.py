@@ -51,15 +51,19 @@ def float32_valued(tensor: Tensor) -> bool:
 
 class Float32Watch(TorchDispatchMode):
     """Sees every operation of a forward pass and notes whether one so far took or made a tensor
-    of lower precision than float64, or read a buffer holding float32 values: the evidence that
-    a float64 run carries float32 rounding; ``source`` says which it was, and where."""
+    of lower precision than float64, or read a buffer or a frozen parameter (one that does not
+    train: Hugging Face's sinusoid tables) holding float32 values: the evidence that a float64 run
+    carries float32 rounding; ``source`` says which it was, and where."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.seen = False
-        self.source = ""  # the first evidence: a buffer by name, or an operation and its line
-        self.storages = {buffer.untyped_storage().data_ptr(): name for name, buffer in model.named_buffers()
-                         if float32_valued(buffer)}
+        self.source = ""  # the first evidence: a buffer or frozen parameter by name, or an operation
+        fixed = [*(("buffer", name, buffer) for name, buffer in model.named_buffers()),
+                 *(("frozen parameter", name, param) for name, param in model.named_parameters()
+                   if not param.requires_grad)]
+        self.storages = {tensor.untyped_storage().data_ptr(): f"{kind} {name}" for kind, name, tensor in fixed
+                         if float32_valued(tensor)}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -67,12 +71,12 @@ class Float32Watch(TorchDispatchMode):
             for item in _leaves((args, kwargs, out)):
                 if not isinstance(item, Tensor):
                     continue
-                buffer = self.storages.get(item.untyped_storage().data_ptr()) if self.storages else None
-                if buffer is not None or item.dtype in LOW_PRECISION:
+                table = self.storages.get(item.untyped_storage().data_ptr()) if self.storages else None
+                if table is not None or item.dtype in LOW_PRECISION:
                     self.seen = True
                     place = model_frame(traceback.extract_stack()[:-1])
-                    self.source = (f"buffer {buffer} holds float32 values (a table computed in float32, "
-                                   f"then cast up)" if buffer is not None
+                    self.source = (f"{table} holds float32 values (a table computed in float32, "
+                                   f"then cast up)" if table is not None
                                    else f"an operation ({getattr(func, 'overloadpacket', func).__name__}) "
                                         f"takes or makes a {str(item.dtype)[6:]} tensor") + (
                         f", at {place}" if place else "")
@@ -209,6 +213,8 @@ def first_divergence(differences: list[PointDifference], tolerance: float) -> st
     worst = _worst(differences[:index])
     if index == 0:
         before = "nothing comes before it"
+    elif all(d.max_abs is None for d in differences[:index]):
+        before = "no point before it is probed"
     elif rounded and not worst < (first.max_abs if measured else math.inf):
         before = f"every point before it is within float32 rounding (up to {number(worst)})"
     else:

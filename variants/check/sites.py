@@ -9,7 +9,9 @@ map's modules note each point as it completes. A dropout is placed by what it dr
 - a (B, H, T_query, T_key) tensor, or an attention function's own dropout: the attention weights
   of the next attention point to complete; H tensors of (B, T_query, T_key), one per head (an
   attention written as a list of heads), are one such site;
-- a tensor of width d_ff: the hidden layer of the next feed-forward point;
+- a tensor as wide as a feed-forward's hidden layer (the encoder's ``d_ff``, the decoder's
+  ``decoder_ff_dim``), where that width is not d_model: the hidden layer of the next
+  feed-forward point of that width;
 - a tensor of width d_model after an attention or a feed-forward completed: that sublayer's
   output, before the residual; before a stack's first sublayer: the stack's embeddings;
 - anything else (after a norm, after a layer) is a site the architecture does not have.
@@ -122,7 +124,13 @@ def _one_head(shape: tuple[int, ...], config: TransformerConfig, batch: tuple[in
     if batch is None or len(shape) != 3 or shape[0] != batch[0]:
         return False
     lengths = set(batch[1:])
-    return shape[1] in lengths and shape[2] in lengths and shape[2] not in (config.d_model, config.d_ff)
+    return (shape[1] in lengths and shape[2] in lengths
+            and shape[2] not in (config.d_model, config.d_ff, config.decoder_ff_dim))
+
+
+def ff_width(point: str, config: TransformerConfig) -> int:
+    """The hidden width of the feed-forward at ``point``: the encoder's d_ff, the decoder's own."""
+    return config.d_ff if point.startswith("encoder.") else config.decoder_ff_dim
 
 
 def place(events: list, config: TransformerConfig, batch: tuple[int, int, int] | None = None,
@@ -147,8 +155,9 @@ def place(events: list, config: TransformerConfig, batch: tuple[int, int, int] |
         elif attention or (len(shape) == 4 and shape[1] == config.n_heads):
             point = next((q for q in upcoming if q.endswith(ATTENTIONS)), "")
             sites.append((point, WEIGHTS, p))
-        elif shape and shape[-1] == config.d_ff and config.d_ff != config.d_model:
-            sites.append((next((q for q in upcoming if q.endswith(".ff")), ""), HIDDEN, p))
+        elif shape and shape[-1] != config.d_model and shape[-1] in (config.d_ff, config.decoder_ff_dim):
+            point = next((q for q in upcoming if q.endswith(".ff") and ff_width(q, config) == shape[-1]), "")
+            sites.append((point, HIDDEN, p))
         elif last is not None and last.endswith((*ATTENTIONS, ".ff")):
             sites.append((last, OUTPUT, p))
         elif upcoming and (last is None or last.endswith("_embed") or _stream(last) != _stream(upcoming[0])):

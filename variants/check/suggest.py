@@ -11,8 +11,8 @@ under one module, taken as W_q, W_k, W_v, W_o in registration order (the order e
 tutorial registers them in), or per-head layers: a list of H modules each holding a query, key
 and value ``Linear(d_model, d_model / H)`` (or three lists of H such linears) and one
 ``Linear(d_model, d_model)`` output, whose weights a ``{h}`` in the target sends to row blocks;
-the feed-forward is the ``Linear(d_model, d_ff)`` and
-``Linear(d_ff, d_model)`` of a layer; the layer's LayerNorms are norm1, norm2 (, norm3) in
+the feed-forward is the ``Linear(d_model, d_ff)`` and ``Linear(d_ff, d_model)`` of a layer (the
+decoder's ``decoder_ff_dim`` wide); the layer's LayerNorms are norm1, norm2 (, norm3) in
 registration order; the final norm is the LayerNorm (outside every layer) that takes the last
 layer's output (none: declared absent). Layer lists named otherwise than encoder/decoder
 (``enc_blocks``, ``dec_blocks``) give ``stack_names``, so one pattern serves both stacks. A
@@ -366,7 +366,9 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
                         None if bias is None else Param(bias, chunk=chunk) if chunk else bias
                 out.probes[f"{prefix}.{canonical}"] = attention.probe
             used = {lin for attention in found for lin in attention.linears}
-            for w, (d_in, d_out) in (("w1", (width, config.d_ff)), ("w2", (config.d_ff, width))):
+            inner, option = (config.d_ff, "--d-ff") if stack == "encoder" else (config.decoder_ff_dim,
+                                                                               "--decoder-d-ff")
+            for w, (d_in, d_out) in (("w1", (width, inner)), ("w2", (inner, width))):
                 fits = [p for p, m in modules.items() if _under(p, layer) and p not in used
                         and _linear_shape(m) == (d_out, d_in)]
                 if d_in == d_out:
@@ -383,8 +385,8 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
                           and shape[0] != width}
                 if len(widths) == 1 and not any("feed-forward is" in note for note in out.notes):
                     wide = widths.pop()
-                    out.notes.append(f"the feed-forward is {wide} wide ({layer}), the config's d_ff "
-                                     f"{config.d_ff}: pass --d-ff {wide}")
+                    out.notes.append(f"the feed-forward is {wide} wide ({layer}), the config's "
+                                     f"{option[2:].replace('-', '_')} {inner}: pass {option} {wide}")
             norms = [p for p, m in modules.items() if _under(p, layer) and _norm_like(m, width)]
             if len(norms) == expected_norms:
                 for n, norm in enumerate(norms, start=1):

@@ -9,11 +9,13 @@ from typing import ClassVar
 
 import pytest
 import torch
+from torch import Tensor, nn
 
 from common.probes import probe_points, resolve_probes
 from common.random_batch import random_batch
 from tests.helpers import seeded, small_config
 from variants.check.divergence import (
+    Float32Watch,
     PointDifference,
     capture_watched,
     compare_points,
@@ -73,7 +75,9 @@ def diffs(*values: float | None) -> list[PointDifference]:
     ([PointDifference("a", 0.0), PointDifference("b", math.inf, "not computed by x"),
       PointDifference("c", 1.0)],
      "first divergence: b (not computed by x); everything before it agrees to 0"),
-], ids=["middle", "first", "nan", "none", "not-computed"])
+    ([PointDifference("a", None, "not declared by x"), PointDifference("b", 3.6)],
+     "first divergence: b (max |Δ| 3.6); no point before it is probed"),
+], ids=["middle", "first", "nan", "none", "not-computed", "none-probed-before"])
 def test_first_divergence_names_the_first_point_past_tolerance(differences, line):
     assert first_divergence(differences, 1e-10) == line
 
@@ -97,3 +101,24 @@ def test_float32_on_the_path_is_seen_from_the_point_it_enters():
 ])
 def test_a_float32_valued_buffer_is_recognised(values, dtype, expected):
     assert float32_valued(torch.tensor(values, dtype=dtype)) is expected
+
+
+class Table(nn.Module):
+    """One lookup in a table: a frozen parameter (Hugging Face's sinusoid tables are), or one that
+    trains (every canonical weight, drawn in float32 and cast up like the table)."""
+
+    def __init__(self, frozen: bool) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.rand(4, 3).double(), requires_grad=not frozen)  # float32 values
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.table[ids] * 2
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_frozen_parameter_holding_float32_values_is_float32_evidence(frozen):
+    model = Table(frozen)
+    with Float32Watch(model) as watch:
+        model(torch.tensor([0, 2]))
+    assert watch.seen is frozen
+    assert watch.source.startswith("frozen parameter table holds float32 values") is frozen
