@@ -3,7 +3,8 @@
     python -m benchmarks.coverage runs/after-*.json            # each run against all runs pooled
     python -m benchmarks.coverage runs/after-*.json --reference runs/processes.json
 
-Each argument is one ``compare.py --format json`` report of the same settings. The reference
+Each argument is one ``compare.py --format json`` report of the same settings, or a JSON list of
+such reports (how docs/results keeps a study's runs in one file). The reference
 value of each ratio is the pooled one (``benchmarks.processes.pool``: every run's rounds,
 paired within their run), or another report's (a many-process run, say). A run covers a ratio
 when its 95% interval holds the reference; the control (torch against a copy of itself) covers
@@ -105,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
                                                        "(default: the runs pooled)")
     args = parser.parse_args(argv)
     try:
-        runs = [json.loads(path.read_text(encoding="utf-8")) for path in args.runs]
+        runs = []
+        for path in args.runs:
+            found = json.loads(path.read_text(encoding="utf-8"))
+            runs += found if isinstance(found, list) else [found]
         reference = json.loads(args.reference.read_text(encoding="utf-8")) if args.reference else None
         print(table(coverage(runs, reference)))
     except (OSError, ValueError, KeyError) as error:

@@ -62,3 +62,11 @@ def test_the_command_prints_the_table(tmp_path, capsys):
             for line in capsys.readouterr().out.splitlines()[2:]]
     assert rows[0][:3] == ["explicit forward ×torch", "1.120", "2/3"]
     assert rows[1][:3] == ["control forward", "1.000", "2/3"]
+
+
+def test_a_file_may_hold_a_list_of_runs(tmp_path, capsys):
+    runs, reference = tmp_path / "runs.json", tmp_path / "reference.json"
+    runs.write_text(json.dumps(RUNS), encoding="utf-8")
+    reference.write_text(json.dumps(report((1.12, 0, 2), (1.0, 0, 2))), encoding="utf-8")
+    assert coverage.main([str(runs), "--reference", str(reference)]) == 0
+    assert "2/3" in capsys.readouterr().out
