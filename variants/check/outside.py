@@ -51,7 +51,7 @@ from common.interface import EncoderDecoder
 from common.probes import Probe, probe_points, resolve_probes
 from common.weights import Param, canonical_shapes, check_weight_map, first_of_each, match_patterns
 from variants.check.divergence import model_frame
-from variants.check.suggest import complete, draft
+from variants.check.suggest import _renamed, complete, draft
 from variants.spec import SpecError
 
 STAGES = ("encode", "decode", "project")
@@ -306,14 +306,6 @@ class MapError(Exception):
 def _target_name(target) -> str | None:
     return target if isinstance(target, str) else target.name if isinstance(target, Param) else \
         target.module if isinstance(target, Probe) else None
-
-
-def _renamed(target, name: str):
-    if isinstance(target, Param):
-        return Param(name, target.layout, target.chunk)
-    if isinstance(target, Probe):
-        return Probe(name, target.call, target.item)
-    return name
 
 
 # enough layers that a pattern naming one literally still matches a name
