@@ -237,3 +237,15 @@ def test_the_progress_bar_counts_every_phase(monkeypatch, changes):
     timed = 3 if changes.get("control", True) else 2
     assert bar.total == 1 + timed + rounds * 3 + 1  # log-probs, warm-ups, rounds x modes, memory
     assert rounds == (3 if "precision" in changes else 2)
+
+
+def test_the_placement_line_says_what_one_process_leaves_out():
+    """Re-placing the weights each round does not vary what one interpreter keeps for all its
+    rounds (docs/results/cpu-small-coverage.md): a one-process run says so and names the cure,
+    a pooled run of several processes does not."""
+    from benchmarks.render import placement_line
+
+    one = placement_line({"replace_weights": True})
+    assert "--processes 3" in one and "not in the intervals" in one
+    assert "--processes" not in placement_line({"replace_weights": True, "processes": 3})
+    assert placement_line({}) is None
