@@ -1,8 +1,9 @@
 """The core every variant stands on, and nothing that uses a model.
 
-config (``TransformerConfig``), masks, positions (the sinusoid table), checks (input checks),
-cache (the key/value cache of incremental decoding), probes (the points two models are compared
-at, and the hooks that capture them; the finder itself is the checker's, ``variants.check``),
-interface (``EncoderDecoder``, the interface every variant implements), weights (canonical
-weights and their maps), random_batch (a padded batch of random ids) and cli (helpers for the command lines).
+config (``TransformerConfig``), activations (the feed-forward's nonlinearity by name), masks,
+positions (the sinusoid table), checks (input checks), cache (the key/value cache of incremental
+decoding), probes (the points two models are compared at, and the hooks that capture them; the
+finder itself is the checker's, ``variants.check``), interface (``EncoderDecoder``, the
+interface every variant implements), weights (canonical weights and their maps), random_batch (a
+padded batch of random ids) and cli (helpers for the command lines).
 """

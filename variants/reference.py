@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.activations import activation
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
 from common.positions import position_table
@@ -34,9 +34,9 @@ class Transformer(EncoderDecoder):
         self.tgt_embed = nn.Embedding(config.tgt_vocab_size, config.d_model)
         self.register_buffer("pe", position_table(config), persistent=False)  # (max_seq_len, D) float64
         self.dropout = nn.Dropout(config.dropout)
-        # nn.Transformer takes "relu" and "gelu" by name, any activation as a function: F.relu, ...
+        # nn.Transformer takes "relu" and "gelu" by name, any activation as a function
         layer = dict(d_model=config.d_model, nhead=config.n_heads, dropout=config.dropout,
-                     activation=getattr(F, config.activation), layer_norm_eps=config.norm_eps,
+                     activation=activation(config), layer_norm_eps=config.norm_eps,
                      batch_first=True, norm_first=config.norm_first)
         encoder_layer = nn.TransformerEncoderLayer(dim_feedforward=config.d_ff, **layer)
         decoder_layer = nn.TransformerDecoderLayer(dim_feedforward=config.decoder_ff_dim, **layer)

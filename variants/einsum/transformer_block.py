@@ -13,11 +13,9 @@ from collections.abc import Callable
 
 from torch import Tensor, nn
 
+from common.activations import activation_module
 from common.config import TransformerConfig
 from variants.einsum.self_attention import SelfAttention
-
-# config.activation -> the feed-forward's nonlinearity module: the paper's ReLU, or a checkpoint's
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
 class TransformerBlock(nn.Module):
@@ -47,7 +45,7 @@ class TransformerBlock(nn.Module):
         # F = d_ff, the encoder's or the decoder's width, and ReLU unless config.activation says otherwise
         self.feed_forward = nn.Sequential(OrderedDict(
             linear1=nn.Linear(config.d_model, d_ff),  # D -> F
-            activation=ACTIVATIONS[config.activation](),
+            activation=activation_module(config),
             dropout=nn.Dropout(config.dropout),
             linear2=nn.Linear(d_ff, config.d_model),  # F -> D
         ))

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.activations import activation_module
 from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
@@ -74,10 +74,6 @@ class LayerNormalization(nn.Module):
         return self.alpha * (x - mean) / torch.sqrt(var + self.eps) + self.bias  # (B, S, D)
 
 
-# config.activation -> the feed-forward's nonlinearity: the paper's ReLU, or a checkpoint's
-ACTIVATIONS = {"relu": torch.relu, "gelu": F.gelu, "silu": F.silu}
-
-
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, applied to each position alone (section 3.3); a
     checkpoint's config.activation takes the place of max(0, ·).
@@ -89,7 +85,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(config.d_model, d_ff)  # D -> F
         self.linear2 = nn.Linear(d_ff, config.d_model)  # F -> D
-        self.activation = ACTIVATIONS[config.activation]  # max(0, ·) unless config says otherwise
+        self.activation = activation_module(config)  # max(0, ·) unless config says otherwise
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:

@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from common.activations import activation
 from common.cache import LayerCache
 from common.config import TransformerConfig
 from common.interface import EncoderDecoder
@@ -164,10 +165,6 @@ class CrossAttention(Attention):
         return self.attend(self.q_proj(x), cache.cross_keys, cache.cross_values, mask)  # (B, 1, D)
 
 
-# config.activation -> the feed-forward's nonlinearity: the paper's ReLU, or a checkpoint's
-ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}
-
-
 class FeedForward(nn.Module):
     """FFN(x) = act(x W1 + b1) W2 + b2, applied to each position alone (section 3.3); act is
     config.activation (ReLU in the paper), the inner width d_ff the encoder's or the decoder's."""
@@ -176,7 +173,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(config.d_model, d_ff)  # D -> F
         self.linear2 = nn.Linear(d_ff, config.d_model)  # F -> D
-        self.activation = ACTIVATIONS[config.activation]
+        self.activation = activation(config)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: Tensor) -> Tensor:

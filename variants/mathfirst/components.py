@@ -261,12 +261,18 @@ def _per_head(x: Tensor, W: Tensor, b: Tensor) -> Tensor:
     return einsum(x, W, "b t d, h d k -> b h t k") + rearrange(b, "h k -> h 1 k")  # (B, H, T, Dh)
 
 
+def gelu(z: Tensor) -> Tensor:
+    """GELU(z) = z Φ(z), Φ the standard normal CDF: z · ½ (1 + erf(z / √2))."""
+    return z * 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0)))
+
+
+def silu(z: Tensor) -> Tensor:
+    """SiLU(z) = z σ(z), also called swish."""
+    return z * torch.sigmoid(z)
+
+
 # φ in FFN(x) = φ(x W_1 + b_1) W_2 + b_2: the paper's max(0, z), or a checkpoint's config.activation
-ACTIVATIONS = {
-    "relu": torch.relu,  # max(0, z)
-    "gelu": lambda z: z * 0.5 * (1.0 + torch.erf(z / math.sqrt(2.0))),  # z Φ(z), Φ the normal CDF
-    "silu": lambda z: z * torch.sigmoid(z),  # z σ(z), swish
-}
+ACTIVATIONS = {"relu": torch.relu, "gelu": gelu, "silu": silu}
 
 
 class PositionwiseFeedForward(nn.Module):

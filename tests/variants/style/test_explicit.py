@@ -82,6 +82,6 @@ def test_a_checkpoints_fields_are_chosen_when_built():
     assert type(model.encoder.norm) is nn.Identity and type(model.decoder.norm) is nn.Identity
     for stack, width in ((model.encoder, config.d_ff), (model.decoder, 24)):
         ff = stack.layers[0].feed_forward
-        assert ff.activation is torch.nn.functional.silu and ff.linear1.out_features == width
+        assert type(ff.activation) is nn.SiLU and ff.linear1.out_features == width
     x = torch.randn(5, config.d_model, dtype=torch.float64)
     assert torch.equal(model.encoder.norm(x), x)
