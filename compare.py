@@ -9,11 +9,11 @@ are re-placed in fresh memory before each round, so that where they lie varies i
 intervals. ``--wide`` shows every column; ``--all-decoders`` also times greedy decoding by full
 recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws the times.
 
-    python compare.py                                   # small preset, CPU, float32 (about a minute)
+    python compare.py                                   # small preset, CPU, float32 (about 90 s)
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
-    python compare.py --processes 3                     # pooled over three fresh interpreters
+    python compare.py --processes 1                     # one interpreter, 10 rounds (about 50 s)
     python compare.py --precision 0.03                  # rounds until every ratio is within ±3%
 
 This file is the command line only: options (``benchmarks.settings.add_options``) -> ``Settings`` ->
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         tqdm.write(f"compare.py: {choice.line}", file=sys.stderr)
     settings = dataclasses.replace(settings, threads=choice.threads, thread_choice=choice)
     try:
-        report = run(settings) if args.processes == 1 else run_processes(settings, args.processes)
+        report = run(settings) if settings.processes == 1 else run_processes(settings)
     except RuntimeError as error:  # a fresh process that failed: its last line
         sys.exit(f"compare.py: error: {error}")
     text = render(report, args.format, wide=args.wide)

@@ -1,6 +1,6 @@
 """``--processes N``: the whole measurement repeated in N fresh interpreters, their rounds pooled.
 
-    report = run_processes(settings, 3)   # three fresh processes, one report
+    report = run_processes(settings)   # settings.processes fresh processes, one report
 
 A process's threads' placement and its allocator's state hold for all of its rounds (where its
 weights lie is drawn anew every round: ``benchmarks.placement``), so one process's rounds share
@@ -29,12 +29,14 @@ MEASURED_SUFFIXES = ("_ms", "_iqr_ms", "_tokens_per_s", "_gflops", "_pct_peak", 
                      "_page_faults_per_step")
 
 
-def run_processes(settings: Settings, processes: int) -> dict:
-    """``settings`` measured in ``processes`` fresh interpreters, one after another; the pooled
-    report. A process that fails raises RuntimeError with its last line of stderr."""
+def run_processes(settings: Settings) -> dict:
+    """``settings`` measured in ``settings.processes`` fresh interpreters, one after another;
+    the pooled report. A process that fails raises RuntimeError with its last line of stderr."""
     reports = []
+    processes = settings.processes
     for index in range(processes):
-        settings_of_one = dataclasses.replace(settings, order_seed=index, show_progress=False)
+        settings_of_one = dataclasses.replace(settings, order_seed=index, processes=1,
+                                              show_progress=False)
         done = subprocess.run([sys.executable, "-m", "benchmarks.processes"],
                               input=pickle.dumps(settings_of_one), capture_output=True, check=False)
         if done.returncode != 0:

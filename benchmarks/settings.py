@@ -22,6 +22,11 @@ from variants import VARIANTS, ordered
 # ratios, which the interval over rounds shows, instead of one row's whole time.
 ROUNDS = 10
 MIN_RUN_TIME = 0.05
+# A CPU run's default: its rounds spread over this many fresh interpreters, this many rounds each.
+# Where a process's threads and allocator settle holds for all its rounds, so only rounds from
+# several processes put that spread inside the intervals (docs/results/cpu-small-coverage.md)
+PROCESSES = 3
+ROUNDS_PER_PROCESS = 4
 # --precision's cap on the whole run's seconds: rounds are added until each ratio is resolved
 # to the precision asked, or until this
 MAX_SECONDS = 600.0
@@ -45,8 +50,9 @@ class Settings:
     threads: int = field(default_factory=torch.get_num_threads)  # CPU threads, set for the run
     thread_choice: ThreadChoice | None = None  # how `threads` was chosen and how busy the cores
     # were before the run (benchmarks.machine.settle_threads); None: not checked
-    rounds: int = ROUNDS  # rounds (with precision: the least); each times every row once, in a
-    # fresh shuffled order
+    rounds: int = ROUNDS  # rounds (with precision: the least; with processes: each process's);
+    # each times every row once, in a fresh shuffled order
+    processes: int = 1  # fresh interpreters that repeat the rounds, pooled (benchmarks.processes)
     min_run_time: float = MIN_RUN_TIME  # seconds of a cell's block of calls a round (at least one)
     control: bool = True  # time a second, separately built torch row: the run's resolution
     order_seed: int = 0  # seeds the rounds' shuffled orders and the weights' re-placing (a
@@ -67,11 +73,15 @@ class Settings:
 
     def __post_init__(self) -> None:
         """The numbers a run would otherwise trip on only after timing: its seeds (the intervals'
-        resampling is seeded too; ``common.checks.check_seed``), its rounds, the precision asked
+        resampling is seeded too; ``common.checks.check_seed``), its rounds and processes, the precision asked
         (a fraction below 1) and the time cap."""
         check_seed("Settings.seed", self.seed)
         check_seed("Settings.order_seed", self.order_seed)
         check_int("Settings.rounds", self.rounds, low=1)
+        check_int("Settings.processes", self.processes, low=1)
+        if self.precision is not None and self.processes > 1:
+            raise ValueError("Settings.precision adds rounds in one process; with processes > 1 "
+                             "give rounds instead")
         if self.precision is not None:
             check_number("Settings.precision", self.precision, high=1.0)
         check_number("Settings.max_seconds", self.max_seconds)
@@ -133,9 +143,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", metavar="FILE", help="write the table here instead of stdout")
     parser.add_argument("--plot", metavar="FILE.png",
                         help="also draw the times relative to torch as a PNG (needs the plot extra)")
-    parser.add_argument("--rounds", type=positive(int), default=ROUNDS,
-                        help="rounds, each timing every row once in a fresh shuffled order; ratios "
-                             f"are paired by round, with 95%% intervals over them (default {ROUNDS}; "
+    parser.add_argument("--rounds", type=positive(int),
+                        help="rounds (a process's, with several), each timing every row once in a fresh "
+                             "shuffled order; ratios are paired by round, with 95%% intervals over them "
+                             f"(default {ROUNDS} in one process, {ROUNDS_PER_PROCESS} each in several; "
                              "with --precision, the least)")
     parser.add_argument("--min-run-time", type=positive(float), default=MIN_RUN_TIME, metavar="SECONDS",
                         help="seconds of a cell's block of calls in a round, at least one call "
@@ -154,9 +165,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="before every round, copy each row's weights to fresh memory behind a random "
                              "gap, so that where they lie varies inside the intervals (default on; "
                              "not with --compile)")
-    parser.add_argument("--processes", type=positive(int), default=1, metavar="N",
+    parser.add_argument("--processes", type=positive(int), metavar="N",
                         help="repeat the measurement in N fresh interpreters and pool their rounds; "
-                             "intervals then resample processes, then rounds (default 1)")
+                             f"intervals then resample processes, then rounds (default {PROCESSES} on "
+                             "the CPU alone without --rounds, --precision or --compile, else 1)")
     parser.add_argument("--decode-len", type=positive(int), default=16, metavar="L",
                         help="greedy-decoding length incl. BOS for the decode column; 1 skips it "
                              "(default 16)")
@@ -200,6 +212,7 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
     if problem := next((problem for problem in problems if problem), None):
         raise ValueError(problem)
     devices = ("cpu", "cuda") if args.device == "all" else (args.device,)
+    processes, rounds = process_plan(args)
     return Settings(
         config=config, shapes=shapes, preset=args.preset,
         devices=tuple(d for d in devices if d != "cuda" or torch.cuda.is_available()),
@@ -207,7 +220,7 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
         variants=ordered(name for name in args.variants if name not in ENGINES),
         autocast=args.autocast, compile=args.compile, freeze=args.freeze,
         threads=args.threads or torch.get_num_threads(),  # compare.py settles it on the free cores
-        rounds=args.rounds, min_run_time=args.min_run_time, control=not args.no_control,
+        rounds=rounds, processes=processes, min_run_time=args.min_run_time, control=not args.no_control,
         replace_weights=args.replace_weights, precision=args.precision,
         max_seconds=MAX_SECONDS if args.max_seconds is None else args.max_seconds,
         decode_len=args.decode_len, all_decoders=args.all_decoders, seed=args.seed,
@@ -216,12 +229,28 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
 
 
 
+def process_plan(args: argparse.Namespace) -> tuple[int, int]:
+    """How many fresh processes the run spreads its rounds over, and how many rounds each.
+
+    Given, ``--processes`` and ``--rounds`` are kept. A CPU run asked for neither, nor for
+    ``--precision`` (which adds rounds in one process) or ``--compile`` (each process would
+    compile again), gets ``PROCESSES`` x ``ROUNDS_PER_PROCESS``: where a process's threads and
+    allocator settle then varies inside the intervals. Otherwise one process of ``ROUNDS``."""
+    processes = args.processes
+    if processes is None:
+        spread = (args.device == "cpu" and args.rounds is None and args.precision is None
+                  and not args.compile)
+        processes = PROCESSES if spread else 1
+    rounds = args.rounds or (ROUNDS if processes == 1 else ROUNDS_PER_PROCESS)
+    return processes, rounds
+
+
 def precision_problem(args: argparse.Namespace) -> str | None:
     """Why --precision or --max-seconds cannot run as given, or None."""
     if args.max_seconds is not None and args.precision is None:
         return "--max-seconds is an option of --precision; give both"
     if args.precision is not None and args.precision >= 1:
         return f"--precision is a fraction of each ratio below 1 (0.03: ±3%), got {args.precision:g}"
-    if args.precision is not None and args.processes > 1:
+    if args.precision is not None and (args.processes or 1) > 1:
         return "--precision adds rounds in one process; with --processes N give --rounds instead"
     return None

@@ -290,13 +290,13 @@ def test_compare_runs_with_the_threads_the_check_chose_and_says_why(monkeypatch,
                         lambda requested, default: choose_threads(one_of_four_busy, requested, default=4))
     monkeypatch.setattr(compare, "run", lambda settings: handed.append(settings) or report_with(
         {"torch": {"forward": STEADY, "train": STEADY}}, BUSY_CORES, contended=True))
-    assert compare.main(["--preset", "tiny", "--quiet", "--format", "json"]) == 0
+    assert compare.main(["--preset", "tiny", "--processes", "1", "--quiet", "--format", "json"]) == 0
     (settings,) = handed
     assert settings.threads == 3 and settings.thread_choice.before == one_of_four_busy
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("compare.py: 3 threads, not 4: 3 of 4 cores free")
     assert err[1].startswith("compare.py: warning: timed on busy cores")  # json: not in the table
-    compare.main(["--preset", "tiny", "--quiet", "--threads", "4"])
+    compare.main(["--preset", "tiny", "--processes", "1", "--quiet", "--threads", "4"])
     assert handed[-1].threads == 4 and handed[-1].thread_choice.contended
     captured = capsys.readouterr()
     assert captured.err.startswith("compare.py: warning: --threads 4 with 3 of 4 cores free")
@@ -390,7 +390,7 @@ def test_json_output_puts_every_warning_line_on_stderr(monkeypatch, capsys):
     monkeypatch.setattr(compare, "settle_threads", lambda requested, default: choose_threads(None, 1, 1))
     monkeypatch.setattr(compare, "run", lambda settings: report_with(
         {"torch": {"forward": STEADY, "train": STEADY}}, chosen, threads=1, rounds_record=record))
-    assert compare.main(["--preset", "tiny", "--quiet", "--format", "json"]) == 0
+    assert compare.main(["--preset", "tiny", "--processes", "1", "--quiet", "--format", "json"]) == 0
     err = capsys.readouterr().err
     assert "compare.py: warning: 1 of 3 rounds ran on busy cores" in err
     assert "compare.py: note: timed with 1 thread, not 2" in err
