@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from common.bfloat16 import Bfloat16Support
 from variants import FROM_SCRATCH, VARIANTS
+
+EMULATED = Bfloat16Support(False, "the test suite's float32")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -16,6 +19,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def float32_training():
+    """Translation trains under bfloat16 autocast by default on a CPU that multiplies it
+    natively; the suite's runs stay float32 on every CPU, so that no verdict depends on the
+    machine's flags (session-wide: module fixtures train too). The tests of that choice set the
+    answer they need."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("seq2seq.options.bfloat16_support", lambda device="cpu": EMULATED)
+        yield
 
 
 @pytest.fixture(params=VARIANTS)

@@ -81,6 +81,7 @@ class RunSettings:
     steps: int
     seed: int = 0
     bf16: bool = False
+    bf16_reason: str = ""  # why bf16 is on or off, for the run's first line ("" says nothing)
     checkpoint_dir: Path | None = None
     save_every: int | None = None
     keep_checkpoints: int | None = 5
@@ -141,12 +142,15 @@ def start(settings: RunSettings, batches: Iterator, config: object, recipe: Reci
 
 
 def header(settings: RunSettings, trainer: Trainer, what: str) -> str:
-    """The run's first line: variant, what it trains, parameters, where, and a resumed step."""
+    """The run's first line: variant, what it trains, parameters, where, in what precision (and
+    why, when the settings say), and a resumed step."""
     world = trainer.world
     where = f"{world.size} processes on {trainer.device.type}" if world.size > 1 else str(trainer.device)
+    precision = "bfloat16 autocast" if settings.bf16 else "float32"
+    why = f" ({settings.bf16_reason})" if settings.bf16_reason else ""
     resumed = f", resuming at step {trainer.step}" if trainer.step else ""
     parameters = sum(p.numel() for p in trainer.model.parameters())
-    return f"{settings.variant}: {what}, {parameters:,} parameters on {where}{resumed}"
+    return f"{settings.variant}: {what}, {parameters:,} parameters on {where}, {precision}{why}{resumed}"
 
 
 @contextlib.contextmanager
@@ -227,7 +231,10 @@ def run_with_checkpoints(settings: RunSettings, trainer: Trainer,
     with (progress_bar(settings.steps, trainer.step, minutes, file=progress)
           if progress is not None and trainer.world.is_main else contextlib.nullcontext(None)) as bar:
         show = bar or (lambda report: None)
-        losses = run(on_step) if run is not None else trainer.run(settings.steps, on_step=on_step)
+        try:
+            losses = run(on_step) if run is not None else trainer.run(settings.steps, on_step=on_step)
+        except FloatingPointError as error:  # a NaN or infinite loss: the last checkpoint stands
+            raise RunError(one_line(error)) from error
     if settings.checkpoint_dir is not None and saved != trainer.step:
         save_now(trainer.step)
     return losses, time.perf_counter() - start_time

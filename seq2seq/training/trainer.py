@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -66,6 +67,8 @@ class Trainer:
         """Train until ``steps`` steps are done in all; returns the loss of each step taken.
 
         Puts the model in train mode (dropout on, if the config has any) and leaves it there.
+        A loss that is NaN or infinite raises ``FloatingPointError`` naming the step, before
+        ``on_step`` sees it (so no checkpoint holds the weights it updated).
         ``on_step`` sees a ``StepReport`` after each step, on every rank (losses and token
         counts are the whole batch's, the same on every rank).
         """
@@ -83,6 +86,10 @@ class Trainer:
             lr = self.scheduler.get_last_lr()[0]
             loss = float(train_step(self.replica, self.optimizer, self.scheduler, src, tgt,
                                     self.recipe.label_smoothing, world=self.world, bf16=self.bf16))
+            if not math.isfinite(loss):  # the update has been made with it: nothing after is worth keeping
+                precision = " under bfloat16 autocast (--no-bf16 trains in float32)" if self.bf16 else ""
+                raise FloatingPointError(f"step {self.step}: the loss is {loss}{precision}; training stops "
+                                         "before the step is reported or saved")
             losses.append(loss)
             if on_step is not None:
                 on_step(StepReport(self.step, steps, loss, lr, tokens, time.perf_counter() - start))

@@ -15,10 +15,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
+from common.bfloat16 import Bfloat16Support
 from seq2seq import decode, train
 from seq2seq.data.corpus import CorpusSettings, load_corpus
-from seq2seq.options import add_options, settings_from_options
+from seq2seq.options import add_options, bf16_choice, settings_from_options
 from seq2seq.train import main, parse_args
 from seq2seq.training.checkpoint import load_checkpoint
 from seq2seq.training.run import checkpoint_path, list_checkpoints
@@ -268,6 +270,41 @@ def test_a_translation_longer_than_the_model_is_left_out_of_training(sample_corp
     assert re.search(r"^\d+ train or valid pairs longer than max_seq_len 256 left out", captured.err, re.M)
     assert captured.out.startswith("final loss ")
 
+
+
+# --- bfloat16 by default where the CPU has it ----------------------------------------------
+
+NATIVE = Bfloat16Support(True, "avx512_bf16 in /proc/cpuinfo")
+EMULATED = Bfloat16Support(False, "no avx512_bf16 or amx_bf16 in /proc/cpuinfo: bfloat16 is emulated")
+
+
+@pytest.mark.parametrize(("support", "options", "on", "said"), [
+    (NATIVE, [], True, "avx512_bf16 in /proc/cpuinfo"),
+    (EMULATED, [], False, "bfloat16 is emulated"),
+    (NATIVE, ["--no-bf16"], False, "--no-bf16"),
+    (EMULATED, ["--bf16"], True, "--bf16"),
+])
+def test_translation_trains_in_bfloat16_where_the_cpu_multiplies_it_natively(
+        monkeypatch, sample_corpus, support, options, on, said):
+    monkeypatch.setattr("seq2seq.options.bfloat16_support", lambda device="cpu": support)
+    settings = parse_args(["--task", "translate", "--data", str(sample_corpus.path), *options])
+    assert settings.bf16 is on and settings.run.bf16_reason.endswith(said)
+
+
+def test_the_synthetic_tasks_and_other_devices_keep_float32_unless_asked(monkeypatch):
+    monkeypatch.setattr("seq2seq.options.bfloat16_support", lambda device="cpu": NATIVE)
+    assert not parse_args([]).bf16 and parse_args(["--bf16"]).bf16
+    off_the_cpu = bf16_choice(None, True, torch.device("cuda"))
+    assert off_the_cpu[0] is False and "--bf16" in off_the_cpu[1]
+
+
+def test_the_first_line_says_the_precision_and_why(monkeypatch, sample_corpus, capsys):
+    monkeypatch.setattr("seq2seq.options.bfloat16_support", lambda device="cpu": NATIVE)
+    train.main(["--task", "translate", "--data", str(sample_corpus.path), *TINY_MODEL, "--steps", "1"])
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.endswith("parameters on cpu, bfloat16 autocast (avx512_bf16 in /proc/cpuinfo)"), first
+    train.main(["--steps", "1", *SMALL_TASK])
+    assert capsys.readouterr().err.splitlines()[0].endswith("parameters on cpu, float32")
 
 
 # --- the library imports no command line ---------------------------------------------------
