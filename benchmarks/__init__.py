@@ -18,9 +18,10 @@ The library, one job per module, in the order a run uses them:
     report         measured rows -> the report (a dict, also the JSON output)
     render         the report as tables (tabulate), JSON or CSV
     plot           the report as a picture of relative times (compare.py --plot)
-    engines        decode rows for ONNX Runtime, CTranslate2 and PyTorch's fast path (inductor, oneDNN)
+    engines        decode rows for ONNX Runtime, CTranslate2 and PyTorch's fast path (inductor, oneDNN
+                   in float32 and bfloat16)
     run            ``run(settings) -> report``: the phases of a run, by name
-    processes      ``--processes N``: the run repeated in fresh interpreters, their rounds pooled
+    processes      the run repeated in fresh interpreters, their rounds pooled (a CPU run's default)
     breakdown      one profiled train step's operator time, grouped by what they do (time_breakdown's)
     bandwidth      streaming read bandwidth, the weight bytes a cached step reads (decode_scan's)
 
@@ -33,6 +34,7 @@ directory); each prints, and nothing in the library imports one:
     compile_masks   where a compiled train step's dropout masks come from, and what it costs
     time_breakdown  where a train step's time goes, per variant: a table and a picture
     low_precision   how far bfloat16 and float16 log-probs stray from float32 (``MEASURED``)
+    bfloat16_decoding  how far decoding on bfloat16 weights agrees with float32 on a test split
     coverage        how often several runs' intervals hold their pooled ratio (and the control 1)
     learners/       one seed, five learners: every variant trained on real translation
                     (``python -m benchmarks.learners``; its library is ``learners.study``)
@@ -48,7 +50,8 @@ The timings are ``timings/bench_*.py`` (pytest-benchmark; ``pytest benchmarks/``
 Method:
 - one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);
 - many short rounds (``Settings.rounds``; with ``Settings.precision``, more until every ratio
-  is resolved to it), each timing every row once in a fresh shuffled order
+  is resolved to it), on the CPU by default spread over three fresh processes
+  (``Settings.processes``, ``processes``), each timing every row once in a fresh shuffled order
   (``ratios.round_orders``) after re-placing every row's weights in fresh memory
   (``placement``), the cores' load read in every round; a cell's time is its rounds merged,
   and each ratio between rows is paired by round, with a 95% bootstrap interval

@@ -1,11 +1,13 @@
-"""Decode rows for the deployment engines, ONNX Runtime and CTranslate2 (float32 and int8), and
-for plain PyTorch's fast path beside them (``seq2seq.fast.static_search``, float32 only): "inductor",
-fused's static step compiled with inductor freezing; "onednn", the same step eager with its
-linears on oneDNN (``seq2seq.fast.onednn``). Both take greedy's argmax over the logits. And the
-implementation people run: "hf-marian", Hugging Face's ``MarianMTModel`` holding the same
-weights (``seq2seq.hub.convert.marian_model``; a config it can compute, such as ``--preset
-opus-mt-base``), whose row times the forward (logits, then log_softmax) as well as ``generate``'s
-greedy decoding and beam search (beam 4, its own length penalty 1.0).
+"""Decode rows for the deployment engines, ONNX Runtime and CTranslate2 (float32 and int8, and
+CTranslate2's bfloat16 types where its build runs them on this CPU), and for plain PyTorch's fast
+path beside them (``seq2seq.fast.static_search``): "inductor", fused's static step compiled with
+inductor freezing (float32); "onednn", the same step eager with its linears on oneDNN
+(``seq2seq.fast.onednn``), on weights packed in float32 and, as a row of its own, in bfloat16.
+Both take greedy's argmax over the logits. And the implementation people run: "hf-marian",
+Hugging Face's ``MarianMTModel`` holding the same weights (``seq2seq.hub.convert.marian_model``;
+a config it can compute, such as ``--preset opus-mt-base``), whose row times the forward
+(logits, then log_softmax) as well as ``generate``'s greedy decoding and beam search (beam 4,
+its own length penalty 1.0).
 
     rows = engine_rows(model, batch, max_len=65, directory=tmp, threads=2)
     for row in rows:                      # "onnxruntime float32", ..., "ctranslate2 int8"
@@ -48,7 +50,11 @@ if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked f
 
 ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn", "hf-marian")
 FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True)}
-PRECISIONS = ("float32", "int8")
+PRECISIONS = ("float32", "int8", "bfloat16", "int8_bfloat16")
+# the precisions each engine offers; CTranslate2's are those its build runs on this CPU as well
+# (ctranslate2.get_supported_compute_types): bfloat16 only where the CPU has it
+OFFERED = {"onnxruntime": ("float32", "int8"), "ctranslate2": PRECISIONS, "inductor": ("float32",),
+           "onednn": ("float32", "bfloat16"), "hf-marian": ("float32",)}
 ENGINE_MODES = ("decode", "beam")  # the decode modes an engine row has (no full-recompute decode)
 # the modules each engine needs, and the extra that installs them (pip install -e ".[deploy]")
 ENGINE_MODULES = {"onnxruntime": ("onnx", "onnxscript", "onnxruntime"), "ctranslate2": ("ctranslate2",),
@@ -144,7 +150,7 @@ def engine_rows(
         exported = onnx_runtime.export_onnx(model, directory / "onnx", exporter=settings.exporter)
         if "int8" in settings.precisions:
             onnx_runtime.quantize_int8(exported)
-        for precision in settings.precisions:
+        for precision in (p for p in settings.precisions if p in OFFERED["onnxruntime"]):
             engine = onnx_runtime.OnnxRuntimeModel(exported, precision=precision, threads=settings.threads)
             rows.append(
                 EngineRow(
@@ -162,12 +168,16 @@ def engine_rows(
         exported = ctranslate.export_ctranslate2(
             model, directory / "ctranslate2", bos_id=BOS_ID, eos_id=timing_eos_id(model.config)
         )
-        for precision in settings.precisions:
+        # bfloat16 only where this build runs it on this CPU
+        for precision in (p for p in settings.precisions if p in ctranslate.supported_compute_types()):
             engine = ctranslate.CTranslate2Model(exported, compute_type=precision, threads=settings.threads)
             rows.append(EngineRow("ctranslate2", precision, ctranslate2_steps(engine, batch, max_len)))
-    for engine, levers in FAST_PATHS.items():  # float32 only (docs/deployment.md: why no int8)
-        if engine in settings.engines and "float32" in settings.precisions:
-            rows.append(EngineRow(engine, "float32", fast_path_steps(model, batch, max_len, levers),
+    for engine, levers in FAST_PATHS.items():  # no int8 (docs/deployment.md: why)
+        if engine not in settings.engines:
+            continue
+        for precision in (p for p in settings.precisions if p in OFFERED[engine]):
+            weights = dict(onednn_dtype=getattr(torch, precision)) if engine == "onednn" else {}
+            rows.append(EngineRow(engine, precision, fast_path_steps(model, batch, max_len, levers | weights),
                                   compiles="compile_mode" in levers))
     if "hf-marian" in settings.engines and "float32" in settings.precisions:
         rows.append(EngineRow("hf-marian", "float32", hf_marian_steps(model, batch, max_len)))
@@ -203,8 +213,9 @@ def hf_marian_steps(model: nn.Module, batch: Batch, max_len: int) -> dict[str, C
 def fast_path_steps(model: nn.Module, batch: Batch, max_len: int,
                     levers: dict) -> dict[str, Callable[[], Tensor]]:
     """Greedy decoding and beam search (beam 4, alpha 0.6) on fused's static step under
-    ``levers`` (``StaticGreedy``'s options), fused holding ``model``'s weights; with a compile
-    mode, each call after the first decodes on the compiled graph."""
+    ``levers`` (``StaticGreedy``'s options, ``onednn_dtype`` among them), fused holding
+    ``model``'s weights in float32; with a compile mode, each call after the first decodes on the
+    compiled graph."""
     fast = build("fused", model.config)
     transfer(model, fast)
     fast = fast.to(device=batch.src.device, dtype=torch.float32).eval()

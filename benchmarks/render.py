@@ -413,11 +413,26 @@ def placement_line(meta: dict) -> str | None:
 
 def warning_lines(report: dict) -> list[str]:
     """The lines above every table that say how far to trust it: threads outnumbering the free
-    cores, rounds on busy cores, fewer threads than an idle machine would use, a control that
-    told two copies of torch apart."""
+    cores, rounds on busy cores, fewer threads than an idle machine would use, bfloat16 timed
+    where the CPU only emulates it, a control that told two copies of torch apart."""
     meta = report["meta"]
-    return [*(line for line in (contention_line(meta), busy_rounds_line(report), fewer_threads_line(meta))
-              if line), *control_warnings(report)]
+    lines = (contention_line(meta), busy_rounds_line(report), fewer_threads_line(meta), emulated_line(report))
+    return [*(line for line in lines if line), *control_warnings(report)]
+
+
+def emulated_line(report: dict) -> str | None:
+    """The line above every table that times bfloat16 on a CPU without native bfloat16 (a CPU
+    block in bfloat16, or a row such as ``onednn bfloat16``): those times are emulation's."""
+    support = report["meta"].get("bfloat16_cpu")
+    if not support or support["native"]:
+        return None
+    timed = [block for block in report["blocks"] if block["device"] == "cpu" and (
+        block["dtype"] == "bfloat16" or any(str(row.get("variant", "")).endswith("bfloat16")
+                                            for row in block["rows"]))]
+    if not timed:
+        return None
+    return (f"warning: bfloat16 timed on a CPU without it ({support['reason']}): its times are "
+            "emulation's, not what bfloat16 gives where the CPU has it")
 
 
 def fewer_threads_line(meta: dict) -> str | None:

@@ -19,6 +19,7 @@ from benchmarks.settings import Settings
 from benchmarks.steps import DECODE_MODES
 from benchmarks.timing import Peak
 from benchmarks.workload import Shape, forward_flops, train_flops
+from common.bfloat16 import bfloat16_support
 from variants import REFERENCE
 
 
@@ -33,13 +34,16 @@ def machine() -> dict:
 
 
 def meta(settings: Settings, allocator: str, cores_during: dict | None = None) -> dict:
-    """The report's header: the machine, how busy its cores were before and during the run
-    (``benchmarks.machine``), the settings, the allocator policy and the command."""
+    """The report's header: the machine (whether its CPU multiplies bfloat16 natively among
+    it), how busy its cores were before and during the run (``benchmarks.machine``), the
+    settings, the allocator policy and the command."""
     s = settings
     choice = s.thread_choice.as_dict() if s.thread_choice else {}
     cores = {**choice, **(cores_during or {})}
     contended = bool(cores.get("contended_before") or cores.get("contended_during"))
-    return {**machine(), "threads": s.threads, "cores": cores, "contended": contended,
+    support = bfloat16_support("cpu")
+    return {**machine(), "bfloat16_cpu": {"native": support.native, "reason": support.reason},
+            "threads": s.threads, "cores": cores, "contended": contended,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "torch": torch.__version__, "preset": s.preset,
             "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from common.checks import check_int, check_number
 from common.cli import one_line
@@ -237,9 +237,13 @@ def load_translation_model(path: str | os.PathLike, variant: str | None = None) 
 @torch.no_grad()
 def translate_sentences(model: nn.Module, vocabulary: Vocabulary | MarianTokenizer | FairseqTokenizer,
                         sentences: Sequence[str], *, beam_size: int = 1, alpha: float = ALPHA,
-                        batch_size: int = 64, normalization: str | None = "NFKC") -> list[str]:
+                        batch_size: int = 64, normalization: str | None = "NFKC",
+                        search: Callable[[Tensor, Tensor], Tensor] | None = None) -> list[str]:
     """The model's translation of each sentence, detokenised: greedy decoding for
-    ``beam_size=1``, else beam search (``seq2seq.search.beam``, length penalty ``alpha``).
+    ``beam_size=1``, else beam search (``seq2seq.search.beam``, length penalty ``alpha``); or
+    ``search``, a decoder of one's own taking the (B, S) source ids and their mask to (B, L)
+    ids from the start id (``seq2seq.fast.static_search``'s decoders, built for this model and
+    vocabulary), in place of both.
 
     Each sentence is normalised as the corpus was (``normalization``; None: left to the
     tokenizer, as a converted checkpoint's does) and may produce up to its length + 50 pieces
@@ -278,7 +282,9 @@ def translate_sentences(model: nn.Module, vocabulary: Vocabulary | MarianTokeniz
         src = nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in rows], batch_first=True,
                                         padding_value=pad_id).to(device)  # (B, S)
         src_mask = padding_mask(src, pad_id)  # (B, 1, 1, S)
-        if beam_size == 1:
+        if search is not None:
+            tokens = search(src, src_mask)
+        elif beam_size == 1:
             max_len = min(config.max_seq_len, src.shape[1] + EXTRA_LENGTH + 1)  # the start id included
             tokens = greedy_decode(model, src, src_mask, max_len=max_len, bos_id=start_id, eos_id=eos_id)
         else:

@@ -55,7 +55,8 @@ from seq2seq.deploy.export_config import check_source_ids, load_config, real_len
 from seq2seq.search.beam import Hypotheses
 from seq2seq.search.strategy import check_arguments
 
-COMPUTE_TYPES = ("float32", "int8")  # the precisions the decode rows run: the weights' own, and int8
+# the precisions a decode row may ask for: the weights' own, int8, and bfloat16 where the CPU has it
+COMPUTE_TYPES = ("float32", "int8", "bfloat16", "int8_bfloat16")
 # config fields for checkpoints trained elsewhere that this export has no proof for: only their
 # defaults (the paper's architecture) are exported
 UNSERVED_FIELDS = ("activation", "final_norm", "positions", "decoder_d_ff", "decoder_start")
@@ -189,6 +190,11 @@ def export_ctranslate2(model: nn.Module, directory: str | Path, *, bos_id: int, 
     return directory
 
 
+def supported_compute_types() -> frozenset[str]:
+    """The compute types CTranslate2 runs on this CPU (its bfloat16 ones need the CPU's)."""
+    return frozenset(ctranslate2.get_supported_compute_types("cpu"))
+
+
 class CTranslate2Model:
     """A saved export, loaded by ``ctranslate2.Translator`` on the CPU; decodes (B, S) id tensors
     into the layout of seq2seq.search.greedy and seq2seq.search.beam."""
@@ -196,6 +202,9 @@ class CTranslate2Model:
     def __init__(self, directory: str | Path, *, compute_type: str = "float32", threads: int = 1) -> None:
         if compute_type not in COMPUTE_TYPES:
             raise ValueError(f"compute_type must be one of {COMPUTE_TYPES}, got {compute_type!r}")
+        if compute_type not in supported_compute_types():
+            raise ValueError(f"compute_type {compute_type!r}: this CTranslate2 build runs "
+                             f"{', '.join(sorted(supported_compute_types()))} on this CPU")
         check_int("threads", threads, low=1)
         self.config = load_config(directory)
         try:

@@ -1,13 +1,21 @@
-"""The decoder's linears on oneDNN's float32 matrix product, with weights packed once: a lever of
-the fast decoding path (``seq2seq.fast.static_search``), CPU float32 only.
+"""The decoder's linears on oneDNN's matrix product, with weights packed once: a lever of the
+fast decoding path (``seq2seq.fast.static_search``), for a float32 model on the CPU.
 
     fast = with_onednn_linears(model.eval())   # a copy; ``model`` is left as it is
     StaticGreedy(fast, max_len=65, bos_id=1, eos_id=2)(src, src_mask)
+    half = with_onednn_linears(model.eval(), dtype=torch.bfloat16)   # weights packed in bfloat16
 
 On CPU, PyTorch multiplies a float32 ``nn.Linear`` with MKL's SGEMM, and inductor's freezing packs
 float32 weights for MKL as well; oneDNN's packed product (``torch.ops.mkldnn._linear_pointwise``,
 what inductor runs for bfloat16 weights) is the same product summed in another order. Which one
 is faster depends on the CPU: measured in docs/decoding.md.
+
+With ``dtype=torch.bfloat16`` the packed weights are bfloat16: each product rounds its input to
+bfloat16, sums in float32 inside oneDNN, and hands back float32, so everything between the
+linears (attention over the cache, the norms, the softmax) stays float32. A decode step streams
+every weight once, so half the bytes is the lever; on a CPU without native bfloat16
+(``common.bfloat16``) the same values come slower. How far its tokens agree with float32's is
+measured in docs/results/cpu-bfloat16.md.
 
 What it serves: a model whose ``decoder`` and ``generator`` are modules built of ``nn.Linear``
 (of the registered variants, fused: the row compare.py's onednn row and the static decoders'
@@ -35,46 +43,54 @@ STEP_MODULES = ("decoder", "generator")  # the modules a decode step runs: their
 SERVED = "the fused row (variants.fused)"  # the registered variant whose step modules are nn.Linear
 
 
-class OneDnnLinear(nn.Module):
-    """``nn.Linear``'s product through oneDNN, on a weight packed for it when built."""
+PACKED_DTYPES = (torch.float32, torch.bfloat16)  # the weights' dtypes a packed linear can hold
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+class OneDnnLinear(nn.Module):
+    """``nn.Linear``'s product through oneDNN, on a weight packed for it in ``dtype`` when built;
+    its input is rounded to that dtype and its output handed back in the input's."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
-        weight = linear.weight.detach()  # (D_out, D_in)
+        weight = linear.weight.detach().to(dtype)  # (D_out, D_in)
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, None))
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype).clone())
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() and any(tensor is not None and tensor.requires_grad
                                            for tensor in (x, self.packed_weight, self.bias)):
             raise RuntimeError("OneDnnLinear is inference-only (oneDNN's packed product has no backward): "
                                "call it under torch.no_grad() or torch.inference_mode()")
-        # (N, D_out); no activation fused after it
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        product = torch.ops.mkldnn._linear_pointwise(x.to(self.packed_weight.dtype), self.packed_weight,
+                                                     self.bias, "none", [], "")  # (N, D_out), no activation
+        return product.to(x.dtype)
 
 
-def with_onednn_linears(model: nn.Module) -> nn.Module:
+def with_onednn_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
     """A copy of ``model`` (CPU, float32) whose decoder and generator ``nn.Linear`` modules are
-    ``OneDnnLinear``: a snapshot of its weights, for inference. ``ValueError`` where oneDNN
-    cannot run them, or where the model has no decoder and generator built of ``nn.Linear``
-    (every registered variant but fused)."""
+    ``OneDnnLinear`` with weights packed in ``dtype`` (float32 or bfloat16): a snapshot of its
+    weights, for inference. ``ValueError`` where oneDNN cannot run them, or where the model has
+    no decoder and generator built of ``nn.Linear`` (every registered variant but fused)."""
+    if dtype not in PACKED_DTYPES:
+        raise ValueError(f"with_onednn_linears packs weights in {' or '.join(map(str, PACKED_DTYPES))}, "
+                         f"got {dtype!r}")
     if problem := unpackable(model):
         raise ValueError(f"with_onednn_linears serves {SERVED}, whose decoder and generator are built of "
                          f"nn.Linear: {type(model).__module__}.{type(model).__qualname__} {problem}")
-    device, dtype = model_device(model), model_dtype(model)
-    if device.type != "cpu" or dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    device, model_precision = model_device(model), model_dtype(model)
+    if device.type != "cpu" or model_precision != torch.float32 or not torch.backends.mkldnn.is_available():
         raise ValueError(f"oneDNN linears need a float32 model on a CPU with oneDNN (mkldnn available: "
-                         f"{torch.backends.mkldnn.is_available()}), got {dtype} on {device}")
+                         f"{torch.backends.mkldnn.is_available()}), got {model_precision} on {device}")
     packed = copy.deepcopy(model).requires_grad_(False)  # inference only: no graph through the copy
     for prefix in STEP_MODULES:
         root = packed.get_submodule(prefix)
         linears = [(name, module) for name, module in root.named_modules() if isinstance(module, nn.Linear)]
         for name, module in linears:
             if not name:  # the module is itself a linear (the generator)
-                setattr(packed, prefix, OneDnnLinear(module))
+                setattr(packed, prefix, OneDnnLinear(module, dtype))
                 continue
             parent, _, attribute = name.rpartition(".")
-            setattr(root.get_submodule(parent), attribute, OneDnnLinear(module))
+            setattr(root.get_submodule(parent), attribute, OneDnnLinear(module, dtype))
     return packed
 
 

@@ -22,8 +22,9 @@ again instead of compiling anew.
 ``freezing`` inductor's freezing on top: the weights become constants of the compiled graph, on
 CPU packed for the step's matrix products (the cache is then not marked as of static address,
 which freezing would fold in too). ``onednn`` (CPU float32) decodes on a copy whose decoder and
-generator linears run oneDNN's product on weights packed once (``seq2seq.fast.onednn``):
-build a new decoder after changing the model's weights.
+generator linears run oneDNN's product on weights packed once (``seq2seq.fast.onednn``), in
+``onednn_dtype`` (float32, or bfloat16: half the bytes a step streams): build a new decoder
+after changing the model's weights.
 
 A decoder checks its settings once, when built (the model, ``max_len``, the special ids, the
 beam, the compile options: ``check_arguments``, ``check_beam_arguments``), and at each call only
@@ -71,7 +72,8 @@ class StaticNextToken:
     ``reorders`` (beam search), ``reorder(origin)`` moves the cache's rows inside the next call."""
 
     def __init__(self, model: nn.Module, max_len: int, compile_mode: str | None = None, *,
-                 freezing: bool = False, onednn: bool = False, reorders: bool = False) -> None:
+                 freezing: bool = False, onednn: bool = False, onednn_dtype: torch.dtype = torch.float32,
+                 reorders: bool = False) -> None:
         missing = [name for name in STATIC_METHODS if not callable(getattr(model, name, None))]
         if missing:
             raise TypeError(f"{type(model).__module__} has no static step ({', '.join(missing)} "
@@ -88,7 +90,11 @@ class StaticNextToken:
         if onednn and compile_mode is not None:
             raise ValueError("onednn runs the step eagerly: give compile_mode None (inductor cannot compile "
                              "a linear on weights packed outside it)")
-        self.model = with_onednn_linears(model) if onednn else model  # a packed copy, or the model
+        if onednn_dtype != torch.float32 and not onednn:
+            raise ValueError(f"onednn_dtype is the packed weights' dtype: give onednn=True too, got "
+                             f"onednn_dtype={onednn_dtype}")
+        # a packed copy, or the model
+        self.model = with_onednn_linears(model, onednn_dtype) if onednn else model
         self.max_len = max_len
         self.compiled = compile_mode is not None
         self.freezing = freezing
@@ -179,11 +185,12 @@ class StaticGreedy:
 
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  compile_mode: str | None = None, freezing: bool = False, onednn: bool = False,
-                 from_logits: bool = True) -> None:
+                 onednn_dtype: torch.dtype = torch.float32, from_logits: bool = True) -> None:
         self.config = check_arguments(model, None, max_len, bos_id, eos_id, True, max_len_may_be_none=False)
         self.max_len, self.bos_id, self.eos_id = max_len, bos_id, eos_id
         self.from_logits = from_logits
-        self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn)
+        self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
+                                               onednn_dtype=onednn_dtype)
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
@@ -224,12 +231,13 @@ class StaticBeam:
 
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  beam_size: int = BEAM_SIZE, alpha: float = ALPHA, compile_mode: str | None = None,
-                 freezing: bool = False, onednn: bool = False) -> None:
+                 freezing: bool = False, onednn: bool = False,
+                 onednn_dtype: torch.dtype = torch.float32) -> None:
         self.arguments = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha)
         self.config = check_beam_arguments(model, None, None, **self.arguments, use_cache=True,
                                            max_len_may_be_none=False)
         self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
-                                               reorders=True)
+                                               onednn_dtype=onednn_dtype, reorders=True)
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Hypotheses:

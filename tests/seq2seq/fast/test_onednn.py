@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from common.masks import padding_mask
+from common.masks import decoder_mask, padding_mask
 from seq2seq.data import tasks
 from seq2seq.fast.onednn import OneDnnLinear, with_onednn_linears
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
@@ -112,3 +112,61 @@ def test_the_packed_copy_is_a_snapshot_of_the_weights():
         assert torch.equal(packed(src, tgt, None, None), old)
     torch.testing.assert_close(old, before, rtol=1e-4, atol=1e-4)  # the old weights' function
     assert (changed - before).abs().max() > 1e-2  # ... which the changed model no longer computes
+
+
+# --- bfloat16 weights -----------------------------------------------------------------------
+
+BFLOAT16_ROUNDOFF = 2.0 ** -8  # bfloat16 keeps 8 significant bits
+
+
+def test_a_bfloat16_packed_linear_is_the_product_of_the_rounded_operands():
+    """Input and weight rounded to bfloat16, their products summed in float32 (oneDNN's
+    accumulator), the bias added and the sum rounded to bfloat16 once: within one rounding of
+    the float64 product of the rounded operands, and handed back in float32."""
+    linear = nn.Linear(48, 80)
+    x = torch.randn(3, 5, 48)
+    rounded = (x.bfloat16().double() @ linear.weight.bfloat16().double().T
+               + linear.bias.bfloat16().double())  # float64, by hand
+    with torch.no_grad():
+        found = OneDnnLinear(linear, torch.bfloat16)(x)
+    assert found.dtype == torch.float32
+    assert ((found.double() - rounded).abs() <= BFLOAT16_ROUNDOFF * rounded.abs() + 1e-6).all()
+    full = x.double() @ linear.weight.double().T + linear.bias.double()
+    assert (found.double() - full).abs().max() > 1e-4  # bfloat16 arithmetic happened
+
+
+def test_bfloat16_weights_decode_the_float32_tokens_wherever_the_margin_exceeds_their_error(copy_model):
+    """A trained model: its float32 greedy tokens (the readable search), and the bfloat16 copy
+    teacher-forced on them. Where every step of a row has its top log-probability ahead of the
+    runner-up by more than twice the largest difference between the two copies' log-probs, no
+    argmax can flip, so the bfloat16 decoder must give that row's float32 tokens. Most rows of a
+    trained model have such margins; the others may differ, and are counted, not required."""
+    model = copy_model.build("fused", torch.float32)
+    src, src_mask = copy_model.src, copy_model.src_mask
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    expected = greedy_decode(model, src, src_mask, **arguments)  # (B, L) float32
+    found = StaticGreedy(model, onednn=True, onednn_dtype=torch.bfloat16, **arguments)(src, src_mask)
+    tgt_in, steps = expected[:, :-1], expected[:, 1:]  # (B, L - 1) each
+    tgt_mask = decoder_mask(tgt_in, copy_model.config.pad_id)
+    with torch.no_grad():
+        float32 = model(src, tgt_in, src_mask, tgt_mask)  # (B, L - 1, V)
+        bfloat16 = with_onednn_linears(model, torch.bfloat16)(src, tgt_in, src_mask, tgt_mask)
+    decided = steps != copy_model.config.pad_id  # (B, L - 1): the steps each row decoded
+    error = (float32 - bfloat16).abs().amax(dim=-1)[decided].max()
+    assert error > BFLOAT16_ROUNDOFF  # the copy computed in bfloat16 (float32 copies differ by ~1e-6)
+    top = float32.topk(2, dim=-1).values  # (B, L - 1, 2)
+    margin = (top[..., 0] - top[..., 1]).masked_fill(~decided, float("inf"))
+    safe = (margin > 2 * error).all(dim=1)  # (B,)
+    # about two rows in three here (error 0.18): a quarter keeps the test from passing on no rows
+    assert safe.float().mean() >= 0.25, (safe.float().mean(), error)
+    width = min(found.shape[1], expected.shape[1])
+    assert found.shape[1] == expected.shape[1] or not safe.all()
+    assert torch.equal(found[safe, :width], expected[safe, :width])
+
+
+def test_bfloat16_weights_need_the_onednn_lever_and_a_dtype_it_packs():
+    model = build("fused", small_config(dropout=0.0), seed=0).eval()
+    with pytest.raises(ValueError, match=r"onednn_dtype is the packed weights' dtype: give onednn=True"):
+        StaticGreedy(model, max_len=8, bos_id=1, eos_id=2, onednn_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"torch\.float32 or torch\.bfloat16, got torch\.float16"):
+        with_onednn_linears(model, torch.float16)
