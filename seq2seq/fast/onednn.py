@@ -15,7 +15,7 @@ bfloat16, sums in float32 inside oneDNN, and hands back float32, so everything b
 linears (attention over the cache, the norms, the softmax) stays float32. A decode step streams
 every weight once, so half the bytes is the lever; on a CPU without native bfloat16
 (``common.bfloat16``) the same values come slower. How far its tokens agree with float32's is
-measured in docs/results/cpu-bfloat16.md.
+measured in docs/results/cpu-bf16.md.
 
 What it serves: a model whose ``decoder`` and ``generator`` are modules built of ``nn.Linear``
 (of the registered variants, fused: the row compare.py's onednn row and the static decoders'
