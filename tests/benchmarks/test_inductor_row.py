@@ -50,8 +50,8 @@ def test_the_inductor_row_reports_its_compile_time_beside_decode_cells():
     report = run(tiny_settings(variants=("torch",), engines=("inductor", "onednn"), decode_len=4,
                                all_decoders=True))
     rows = {row["variant"]: row for row in report["blocks"][0]["rows"]}
-    assert list(rows) == ["torch", "inductor float32", "onednn float32"]
-    assert rows["onednn float32"]["compile_s"] is None
+    assert list(rows) == ["torch", "inductor float32", "onednn float32", "onednn bfloat16"]
+    assert rows["onednn float32"]["compile_s"] is None and rows["onednn bfloat16"]["compile_s"] is None
     inductor = rows["inductor float32"]
     assert inductor["decode_tokens_per_s"] > 0 and inductor["beam_tokens_per_s"] > 0
     assert inductor["compile_s"] > 0 and rows["torch"]["compile_s"] is None
@@ -64,4 +64,5 @@ def test_the_inductor_row_reports_its_compile_time_beside_decode_cells():
     assert last_cell(next(line for line in table if line.startswith("| variant"))) == "compile s"
     cells = {line.split("|")[1].strip(): last_cell(line) for line in table
              if line.startswith(("| torch", "| inductor", "| onednn"))}
-    assert cells["torch"] == cells["onednn float32"] == "-" and float(cells["inductor float32"]) > 0
+    assert cells["torch"] == cells["onednn float32"] == cells["onednn bfloat16"] == "-"
+    assert float(cells["inductor float32"]) > 0
