@@ -40,6 +40,7 @@ from common.config import TransformerConfig
 from common.random_batch import Batch
 from common.weights import export_weights, transfer
 from seq2seq.data.ids import BOS_ID, timing_eos_id
+from seq2seq.fast.onednn import packable_dtypes
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
 from seq2seq.hub.convert import marian_model, marian_problem
 from seq2seq.search.beam import ALPHA, BEAM_SIZE
@@ -51,10 +52,8 @@ if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked f
 ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn", "hf-marian")
 FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True)}
 PRECISIONS = ("float32", "int8", "bfloat16", "int8_bfloat16")
-# the precisions each engine offers; CTranslate2's are those its build runs on this CPU as well
-# (ctranslate2.get_supported_compute_types): bfloat16 only where the CPU has it
-OFFERED = {"onnxruntime": ("float32", "int8"), "ctranslate2": PRECISIONS, "inductor": ("float32",),
-           "onednn": ("float32", "bfloat16"), "hf-marian": ("float32",)}
+# the precisions each engine offers; CTranslate2's and oneDNN's are asked of them (``offered``)
+OFFERED = {"onnxruntime": ("float32", "int8"), "inductor": ("float32",), "hf-marian": ("float32",)}
 ENGINE_MODES = ("decode", "beam")  # the decode modes an engine row has (no full-recompute decode)
 # the modules each engine needs, and the extra that installs them (pip install -e ".[deploy]")
 ENGINE_MODULES = {"onnxruntime": ("onnx", "onnxscript", "onnxruntime"), "ctranslate2": ("ctranslate2",),
@@ -84,6 +83,19 @@ def engines_problem(engines: tuple[str, ...], decode_len: int, *, device: str = 
         return (f"{rows} join CPU float32 blocks only (their reduced precision is their int8 row): "
                 "give --dtype float32 without --autocast, on --device cpu or all")
     return missing_extra(engines)
+
+
+def offered(engine: str) -> tuple[str, ...]:
+    """The precisions ``engine``'s rows run on this CPU: CTranslate2's those its build runs here
+    (``ctranslate2.get_supported_compute_types``), oneDNN's float32 and, where it has bfloat16
+    kernels, bfloat16 (``seq2seq.fast.onednn.packable_dtypes``); the others' fixed."""
+    if engine == "ctranslate2":
+        from seq2seq.deploy.ctranslate import supported_compute_types
+
+        return tuple(precision for precision in PRECISIONS if precision in supported_compute_types())
+    if engine == "onednn":
+        return tuple(str(dtype).removeprefix("torch.") for dtype in packable_dtypes())
+    return OFFERED[engine]
 
 
 def missing_extra(engines: tuple[str, ...]) -> str | None:
@@ -150,7 +162,7 @@ def engine_rows(
         exported = onnx_runtime.export_onnx(model, directory / "onnx", exporter=settings.exporter)
         if "int8" in settings.precisions:
             onnx_runtime.quantize_int8(exported)
-        for precision in (p for p in settings.precisions if p in OFFERED["onnxruntime"]):
+        for precision in (p for p in settings.precisions if p in offered("onnxruntime")):
             engine = onnx_runtime.OnnxRuntimeModel(exported, precision=precision, threads=settings.threads)
             rows.append(
                 EngineRow(
@@ -168,14 +180,13 @@ def engine_rows(
         exported = ctranslate.export_ctranslate2(
             model, directory / "ctranslate2", bos_id=BOS_ID, eos_id=timing_eos_id(model.config)
         )
-        # bfloat16 only where this build runs it on this CPU
-        for precision in (p for p in settings.precisions if p in ctranslate.supported_compute_types()):
+        for precision in (p for p in settings.precisions if p in offered("ctranslate2")):
             engine = ctranslate.CTranslate2Model(exported, compute_type=precision, threads=settings.threads)
             rows.append(EngineRow("ctranslate2", precision, ctranslate2_steps(engine, batch, max_len)))
     for engine, levers in FAST_PATHS.items():  # no int8 (docs/deployment.md: why)
         if engine not in settings.engines:
             continue
-        for precision in (p for p in settings.precisions if p in OFFERED[engine]):
+        for precision in (p for p in settings.precisions if p in offered(engine)):
             weights = dict(onednn_dtype=getattr(torch, precision)) if engine == "onednn" else {}
             rows.append(EngineRow(engine, precision, fast_path_steps(model, batch, max_len, levers | weights),
                                   compiles="compile_mode" in levers))

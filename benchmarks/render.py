@@ -427,8 +427,7 @@ def emulated_line(report: dict) -> str | None:
     if not support or support["native"]:
         return None
     timed = [block for block in report["blocks"] if block["device"] == "cpu" and (
-        block["dtype"] == "bfloat16" or any(str(row.get("variant", "")).endswith("bfloat16")
-                                            for row in block["rows"]))]
+        block["dtype"] == "bfloat16" or any(row["variant"].endswith(" bfloat16") for row in block["rows"]))]
     if not timed:
         return None
     return (f"warning: bfloat16 timed on a CPU without it ({support['reason']}): its times are "

@@ -46,6 +46,12 @@ SERVED = "the fused row (variants.fused)"  # the registered variant whose step m
 PACKED_DTYPES = (torch.float32, torch.bfloat16)  # the weights' dtypes a packed linear can hold
 
 
+def packable_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes oneDNN packs and multiplies on this CPU: float32, and bfloat16 where it has
+    bfloat16 kernels (AVX-512 at least; emulated without avx512_bf16 or amx_bf16)."""
+    return PACKED_DTYPES if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
+
 class OneDnnLinear(nn.Module):
     """``nn.Linear``'s product through oneDNN, on a weight packed for it in ``dtype`` when built;
     its input is rounded to that dtype and its output handed back in the input's."""
@@ -74,6 +80,8 @@ def with_onednn_linears(model: nn.Module, dtype: torch.dtype = torch.float32) ->
     if dtype not in PACKED_DTYPES:
         raise ValueError(f"with_onednn_linears packs weights in {' or '.join(map(str, PACKED_DTYPES))}, "
                          f"got {dtype!r}")
+    if dtype not in packable_dtypes():
+        raise ValueError(f"oneDNN has no {dtype} kernels on this CPU (they need AVX-512): pack in float32")
     if problem := unpackable(model):
         raise ValueError(f"with_onednn_linears serves {SERVED}, whose decoder and generator are built of "
                          f"nn.Linear: {type(model).__module__}.{type(model).__qualname__} {problem}")

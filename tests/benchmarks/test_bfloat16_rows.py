@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from benchmarks import engines
 from benchmarks.bfloat16_decoding import ROWS, SEARCHES, decode_split
 from benchmarks.engines import EngineSettings, engine_rows
 from benchmarks.render import warning_lines
 from common.random_batch import random_batch
 from seq2seq.data.corpus import CorpusSettings, load_corpus
+from seq2seq.fast.onednn import packable_dtypes
 from seq2seq.pipeline import evaluate, load_translation_model
 from seq2seq.search.greedy import greedy_decode
 from seq2seq.training.run import list_checkpoints
@@ -50,7 +52,8 @@ def test_a_float32_table_says_nothing_of_bfloat16_and_an_old_report_neither():
     assert emulated(warning_lines(old)) == []
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or torch.bfloat16 not in packable_dtypes(),
+                    reason="needs oneDNN with bfloat16 kernels (AVX-512)")
 def test_the_onednn_row_has_a_bfloat16_twin_holding_the_same_weights(tmp_path):
     """Asked for onednn, the rows are float32 and bfloat16, each decoding the model's batch to
     its length; the float32 one gives the readable greedy search's tokens."""
@@ -78,7 +81,8 @@ def test_ctranslate2_is_asked_only_for_compute_types_its_build_runs(monkeypatch,
     assert [row.label for row in rows] == ["ctranslate2 float32"]
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs oneDNN (mkldnn)")
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or torch.bfloat16 not in packable_dtypes(),
+                    reason="needs oneDNN with bfloat16 kernels (AVX-512)")
 def test_the_agreement_study_scores_each_row_against_the_float32_search(trained_run, sample_corpus):  # noqa: F811
     """A translation run's model file: six decodings (three rows, greedy and beam 4); the float32
     search's scores are the translate command's (``evaluate``), and it agrees with itself."""
@@ -95,3 +99,11 @@ def test_the_agreement_study_scores_each_row_against_the_float32_search(trained_
             assert result.same_as_float32 == 1.0
             assert result.bleu == pytest.approx(expected[SEARCHES[result.search]].bleu)
     assert run["sentences"] == len(load_corpus(CorpusSettings(str(sample_corpus.path))).test)
+
+
+def test_without_onednn_bfloat16_kernels_the_onednn_row_is_float32_alone(monkeypatch, tmp_path):
+    monkeypatch.setattr(engines, "packable_dtypes", lambda: (torch.float32,))
+    model = build("explicit", small_config(dropout=0.0), seed=0).eval()
+    batch = random_batch(model.config, 2, 5, 4, seed=0)
+    rows = engine_rows(model, batch, 5, tmp_path, EngineSettings(engines=("onednn",)))
+    assert [row.label for row in rows] == ["onednn float32"]

@@ -73,6 +73,13 @@ def batch_with_start(config: TransformerConfig, batch: int = 3, src_len: int = 7
     return src, tgt, padding_mask(src, config.pad_id), decoder_mask(tgt, config.pad_id)
 
 
+def float64_model(variant: str, config: TransformerConfig) -> torch.nn.Module:
+    """``variant`` built for ``config`` with random canonical weights, in float64, eval mode."""
+    model = build(variant, config)
+    import_weights(model, random_canonical(config))
+    return model.double().eval()
+
+
 def masks_by_hand(config: TransformerConfig, src: torch.Tensor, tgt: torch.Tensor):
     """The masks written out here, for the functional forward: source keys that are not padding;
     target keys causal and not padding, except position 0, the start token, whatever its id."""
@@ -106,9 +113,7 @@ def test_log_probs_match_reference(subject_variant, config):
 def test_log_probs_are_the_written_out_architecture(variant, config):
     """Each field's effect computed independently: an activation, a final norm, a table or a
     start-token mask that a row got wrong moves the log-probs far past 1e-10."""
-    model = build(variant, config)
-    import_weights(model, random_canonical(config))
-    model.double().eval()
+    model = float64_model(variant, config)
     src, tgt, src_mask, tgt_mask = batch_with_start(config)
     with torch.no_grad():
         actual = model(src, tgt, src_mask, tgt_mask)
@@ -241,9 +246,7 @@ def test_fairseq_padding_positions_differ_only_where_nothing_reads_them(variant,
     as for any token. The real target positions' log-probs are fairseq's within 1e-10; only the
     padded ones, which no real position reads, differ (docs/architecture.md, "Config")."""
     config = small_config(**{**FSMT, "pad_id": pad_id})
-    model = build(variant, config)
-    import_weights(model, random_canonical(config))
-    model.double().eval()
+    model = float64_model(variant, config)
     src, tgt, src_mask, tgt_mask = batch_with_start(config)
     with torch.no_grad():
         actual = model(src, tgt, src_mask, tgt_mask)
@@ -359,9 +362,7 @@ def test_greedy_decoding_from_the_start_id_is_the_written_out_one(variant, confi
     """A Marian-like decoder starts with the padding id, an FSMT-like one with EOS: the search
     takes the start id (config.decoder_start), never reads the start as an end, and gives the
     tokens of greedy decoding written out by hand, cached or not."""
-    model = build(variant, config)
-    import_weights(model, random_canonical(config))
-    model.double().eval()
+    model = float64_model(variant, config)
     src, _, src_mask, _ = batch_with_start(config)
     expected = greedy_by_hand(model, config, src, max_len=8)
     for use_cache in (True, False):

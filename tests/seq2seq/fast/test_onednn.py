@@ -10,7 +10,8 @@ from torch import nn
 
 from common.masks import decoder_mask, padding_mask
 from seq2seq.data import tasks
-from seq2seq.fast.onednn import OneDnnLinear, with_onednn_linears
+from seq2seq.fast import onednn
+from seq2seq.fast.onednn import OneDnnLinear, packable_dtypes, with_onednn_linears
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
@@ -117,7 +118,12 @@ def test_the_packed_copy_is_a_snapshot_of_the_weights():
 # --- bfloat16 weights -----------------------------------------------------------------------
 
 BFLOAT16_ROUNDOFF = 2.0 ** -8  # bfloat16 keeps 8 significant bits
+# oneDNN's bfloat16 kernels need AVX-512 (emulated without avx512_bf16 or amx_bf16)
+BFLOAT16_KERNELS = pytest.mark.skipif(torch.bfloat16 not in packable_dtypes(),
+                                      reason="oneDNN has no bfloat16 kernels on this CPU")
 
+
+@BFLOAT16_KERNELS
 
 def test_a_bfloat16_packed_linear_is_the_product_of_the_rounded_operands():
     """Input and weight rounded to bfloat16, their products summed in float32 (oneDNN's
@@ -135,6 +141,7 @@ def test_a_bfloat16_packed_linear_is_the_product_of_the_rounded_operands():
     assert (found.double() - full).abs().max() > 1e-4  # bfloat16 arithmetic happened
 
 
+@BFLOAT16_KERNELS
 def test_bfloat16_weights_decode_the_float32_tokens_wherever_the_margin_exceeds_their_error(copy_model):
     """A trained model: its float32 greedy tokens (the readable search), and the bfloat16 copy
     teacher-forced on them. Where every step of a row has its top log-probability ahead of the
@@ -170,3 +177,11 @@ def test_bfloat16_weights_need_the_onednn_lever_and_a_dtype_it_packs():
         StaticGreedy(model, max_len=8, bos_id=1, eos_id=2, onednn_dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"torch\.float32 or torch\.bfloat16, got torch\.float16"):
         with_onednn_linears(model, torch.float16)
+
+
+def test_a_cpu_without_onednn_bfloat16_kernels_is_refused_before_any_packing(monkeypatch):
+    monkeypatch.setattr(onednn, "packable_dtypes", lambda: (torch.float32,))
+    model = build("fused", small_config(dropout=0.0), seed=0).eval()
+    with pytest.raises(ValueError, match=r"oneDNN has no torch\.bfloat16 kernels on this CPU"):
+        with_onednn_linears(model, torch.bfloat16)
+    assert isinstance(with_onednn_linears(model).generator, OneDnnLinear)  # float32 still packs
