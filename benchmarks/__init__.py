@@ -54,8 +54,9 @@ Method:
   (``Settings.processes``, ``processes``), each timing every row once in a fresh shuffled order
   (``ratios.round_orders``) after re-placing every row's weights in fresh memory
   (``placement``), the cores' load read in every round; a cell's time is its rounds merged,
-  and each ratio between rows is paired by round, with a 95% bootstrap interval
-  (``ratios.paired_ratio``) and a control: torch timed again as a row of its own;
+  and each ratio between rows is paired by round, its median over rounds (a geometric mean of
+  each process's median), with a 95% bootstrap interval (``ratios.paired_ratio``) and a
+  control: torch timed again as a row of its own;
 - the thread count is fixed (``Settings.threads``) and reported; CUDA is synchronised by the
   Timer; the entry points choose it from the cores other processes leave free
   (``machine.settle_threads``);

@@ -2,6 +2,7 @@
 
     python -m benchmarks.coverage runs/after-*.json            # each run against all runs pooled
     python -m benchmarks.coverage runs/after-*.json --reference runs/processes.json
+    python -m benchmarks.coverage runs/after-*.json --recompute   # ratios made again from rounds
 
 Each argument is one ``compare.py --format json`` report of the same settings, or a JSON list of
 such reports (how docs/results keeps a study's runs in one file). The reference
@@ -10,7 +11,9 @@ paired within their run), or another report's (a many-process run, say). A run c
 when its 95% interval holds the reference; the control (torch against a copy of itself) covers
 when its interval holds 1. The table gives, per ratio, how many runs covered and the widest
 relative half-width any run printed; a coverage below 9 of 10 says the intervals leave out a
-source of error that varies between runs.
+source of error that varies between runs. ``--recompute`` reads each run's ratios anew from its
+rounds with the current statistic (``benchmarks.ratios``), so that a study recorded before the
+statistic changed reads as its runs would print today; without it, as they printed.
 """
 
 from __future__ import annotations
@@ -68,11 +71,14 @@ def ratios(report: dict) -> dict[str, tuple[float, float, float]]:
     return found
 
 
-def coverage(runs: list[dict], reference: dict | None = None) -> list[Coverage]:
+def coverage(runs: list[dict], reference: dict | None = None, recompute: bool = False) -> list[Coverage]:
     """Each ratio's coverage over ``runs``, against ``reference``'s ratios (default: the runs
-    pooled); the control's against 1."""
+    pooled); the control's against 1. ``recompute``: each run's ratios made again from its
+    rounds (a report pooled alone) rather than read as printed."""
     if len(runs) < 2:
         raise ValueError(f"coverage needs at least two runs, got {len(runs)}")
+    if recompute:
+        runs = [pool([run]) for run in runs]
     truth = ratios(reference if reference is not None else pool(runs))
     per_run = [ratios(run) for run in runs]
     result = []
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="compare.py --format json reports")
     parser.add_argument("--reference", type=Path, help="a report whose ratios are the truth "
                                                        "(default: the runs pooled)")
+    parser.add_argument("--recompute", action="store_true",
+                        help="make each run's ratios again from its rounds with the current statistic")
     args = parser.parse_args(argv)
     try:
         runs = []
@@ -111,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             found = json.loads(path.read_text(encoding="utf-8"))
             runs += found if isinstance(found, list) else [found]
         reference = json.loads(args.reference.read_text(encoding="utf-8")) if args.reference else None
-        print(table(coverage(runs, reference)))
+        print(table(coverage(runs, reference, args.recompute)))
     except (OSError, ValueError, KeyError) as error:
         print(f"python -m benchmarks.coverage: {first_line(error)}", file=sys.stderr)
         return 1

@@ -14,6 +14,7 @@ and then rounds (``benchmarks.ratios``), and its times are the median of the pro
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import pickle
 import statistics
@@ -31,12 +32,14 @@ MEASURED_SUFFIXES = ("_ms", "_iqr_ms", "_tokens_per_s", "_gflops", "_pct_peak", 
 
 def run_processes(settings: Settings) -> dict:
     """``settings`` measured in ``settings.processes`` fresh interpreters, one after another;
-    the pooled report. A process that fails raises RuntimeError with its last line of stderr."""
+    the pooled report. Peak memory and cache bytes, the same in every process, are measured in
+    the first alone (about 4 s a process on the small preset). A process that fails raises
+    RuntimeError with its last line of stderr."""
     reports = []
     processes = settings.processes
     for index in range(processes):
-        settings_of_one = dataclasses.replace(settings, order_seed=index, processes=1,
-                                              show_progress=False)
+        settings_of_one = dataclasses.replace(settings, order_seed=index, processes=1, show_progress=False,
+                                              measure_memory=settings.measure_memory and index == 0)
         done = subprocess.run([sys.executable, "-m", "benchmarks.processes"],
                               input=pickle.dumps(settings_of_one), capture_output=True, check=False)
         if done.returncode != 0:
@@ -55,7 +58,7 @@ def pool(reports: list[dict]) -> dict:
     counts = [len(report["blocks"]) for report in reports]
     if len(set(counts)) > 1:
         raise ValueError(f"pool needs reports of the same settings: their block counts differ ({counts})")
-    meta = {**first["meta"], "processes": len(reports),
+    meta = {**first["meta"], "processes": sum(report["meta"].get("processes") or 1 for report in reports),
             "contended": any(report["meta"]["contended"] for report in reports)}
     blocks = [pool_block([report["blocks"][index] for report in reports], meta["order_seed"])
               for index in range(len(first["blocks"]))]
@@ -66,33 +69,43 @@ def pool_block(blocks: list[dict], seed: int) -> dict:
     """One block from the processes' copies of it: rows and control pooled, the rounds' record
     concatenated, the ratios made again over every process's rounds."""
     pooled = {**blocks[0]}
-    pooled["rows"] = [pool_row([block["rows"][index] for block in blocks])
+    # a block that is itself pooled keeps its processes apart: its labels shifted past the others'
+    inner = [block["rounds"].get("process") or [0] * len(block["rounds"]["orders"]) for block in blocks]
+    offsets = list(itertools.accumulate((max(labels, default=0) + 1 for labels in inner[:-1]), initial=0))
+    pooled["rows"] = [pool_row([block["rows"][index] for block in blocks], offsets)
                       for index in range(len(blocks[0]["rows"]))]
     if blocks[0].get("control"):
-        pooled["control"] = pool_row([block["control"] for block in blocks])
+        pooled["control"] = pool_row([block["control"] for block in blocks], offsets)
     pooled["rounds"] = {"orders": [order for block in blocks for order in block["rounds"]["orders"]],
-                        "seed": [block["rounds"]["seed"] for block in blocks],
+                        "seed": [seed for block in blocks for seed in as_list(block["rounds"]["seed"])],
                         "others": [value for block in blocks for value in block["rounds"]["others"]],
                         "contended": [flag for block in blocks for flag in block["rounds"]["contended"]],
                         "replace_s": [seconds for block in blocks
                                       for seconds in block["rounds"].get("replace_s", [])],
-                        "process": [index for index, block in enumerate(blocks)
-                                    for _ in block["rounds"]["orders"]]}
+                        "process": [offset + label for offset, labels in zip(offsets, inner, strict=True)
+                                    for label in labels]}
     add_ratios(pooled, seed)
     return pooled
 
 
-def pool_row(rows: list[dict]) -> dict:
+def as_list(value: object) -> list:
+    """A pooled block's list of seeds as it is, one process's seed as a list of one."""
+    return value if isinstance(value, list) else [value]
+
+
+def pool_row(rows: list[dict], offsets: list[int]) -> dict:
     """A row from its processes' copies: each mode's rounds concatenated with their process
-    index (``{mode}_rounds_process``), its measured fields the median of the processes', an
-    error if any process had one."""
+    index (``{mode}_rounds_process``: a copy's own labels, if it was pooled, shifted by its
+    offset), its measured fields the median of the copies' where every copy measured them (peak
+    memory, measured by the first alone, is the first's), an error if any copy had one."""
     pooled = {**rows[0]}
     for key in rows[0]:
         values = [row.get(key) for row in rows]
         if key.endswith("_rounds_s"):
             pooled[key] = [seconds for row in rows for seconds in row[key]]
-            pooled[key.replace("_rounds_s", "_rounds_process")] = [
-                index for index, row in enumerate(rows) for _ in row[key]]
+            labels = key.replace("_rounds_s", "_rounds_process")
+            pooled[labels] = [offset + label for row, offset in zip(rows, offsets, strict=True)
+                              for label in row.get(labels) or [0] * len(row[key])]
         elif key.endswith("_error"):
             pooled[key] = next((value for value in values if value), None)
         elif key.endswith(MEASURED_SUFFIXES) and all(isinstance(value, (int, float)) for value in values):

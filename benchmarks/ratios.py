@@ -5,17 +5,20 @@
 
 Every round times every row once, one after another (``benchmarks.run``), so a round's ratio
 row / torch compares two times taken seconds apart: whatever slowed the machine in that round
-slowed both. A row's ×torch is the geometric mean of its rounds' ratios, the mean of their
-logarithms: the statistic of a ratio, since it treats 1.1x slower and 1.1x faster alike and
-gives torch / row as the inverse of row / torch. The interval is scipy's BCa bootstrap over
-the rounds (``scipy.stats.bootstrap``), seeded so that a report repeats.
+slowed both. A row's ×torch is the median of its rounds' ratios, taken on their logarithms so
+that 1.1x slower and 1.1x faster weigh alike and torch / row is the inverse of row / torch. A
+median, not a mean: a round that another program disturbed can read 1.3x or 1.6x, and one such
+round moves the mean of twelve by 2-4%, as much as the spread of all the others (the coverage
+study, docs/results/cpu-small-coverage.md); the rows' ms columns are medians over rounds too.
 
 Rounds from several fresh processes (``compare.py --processes N``) carry a process index; they
-pair within their process (its k-th round of a row with its k-th round of torch), and their
-interval resamples processes, then rounds within each (a two-level percentile bootstrap, which
-scipy does not offer): a process's thread placement and allocator state stay fixed through its
-rounds (where its weights lie does not: ``benchmarks.placement`` re-places them every round),
-so rounds of one process are not independent of each other.
+pair within their process (its k-th round of a row with its k-th round of torch), and the ratio
+is the geometric mean of the processes' medians, each process weighing alike. A process's
+thread placement and allocator state stay fixed through its rounds (where its weights lie does
+not: ``benchmarks.placement`` re-places them every round), so rounds of one process are not
+independent of each other: the interval resamples processes, then rounds within each (a
+two-level percentile bootstrap, which scipy does not offer), and the statistic again on each
+resample. One process is the same bootstrap with one level.
 
 Last, which ratios a compare.py table prints (``TABLE_RATIOS``: decoding against ``fused``'s
 cached decoding, since torch has no cache) and how far each is resolved (``ratio_widths``, the
@@ -27,12 +30,10 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from common.checks import check_int, check_seed
 from variants import REFERENCE
@@ -43,9 +44,9 @@ RESAMPLES = 2000  # bootstrap resamples per interval: a few milliseconds each
 
 @dataclass(frozen=True)
 class Ratio:
-    """A paired ratio: its geometric mean over rounds and its interval (None with one round)."""
+    """A paired ratio: its median over rounds and its interval (None with one round)."""
 
-    value: float  # geometric mean of the rounds' ratios
+    value: float  # the rounds' median ratio (several processes: the geometric mean of their medians)
     low: float | None  # the interval's bounds; None where one round gives nothing to resample
     high: float | None
     rounds: int  # how many paired rounds it stands on
@@ -62,7 +63,8 @@ class Ratio:
 def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], *,
                  processes: Sequence[int] | None = None,
                  denominator_processes: Sequence[int] | None = None, seed: int = 0) -> Ratio | None:
-    """The geometric mean of ``numerators[i] / denominators[i]`` with its interval.
+    """The median of ``numerators[i] / denominators[i]`` with its interval (several processes:
+    the geometric mean of each process's median).
 
     Rounds pair by their place: the first rounds both lists have (round i with round i), and
     with several processes within each process, its first rounds with the same process's first
@@ -88,16 +90,18 @@ def paired_ratio(numerators: Sequence[float], denominators: Sequence[float], *,
             and np.all(paired_top > 0) and np.all(paired_bottom > 0)):
         return None
     logs = np.log(paired_top) - np.log(paired_bottom)
-    value = math.exp(logs.mean())
+    value = math.exp(center(logs, groups))
     if len(logs) == 1:
         return Ratio(value, None, None, 1)
-    if np.ptp(logs) == 0.0:  # every round the same: no spread to resample (BCa is undefined)
+    if np.ptp(logs) == 0.0:  # every round the same: nothing to resample
         return Ratio(value, value, value, len(logs))
-    if len(np.unique(groups)) > 1:
-        low, high = two_level_interval(logs, groups, seed)
-    else:
-        low, high = bca_interval(logs, seed)
+    low, high = two_level_interval(logs, groups, seed)
     return Ratio(value, math.exp(low), math.exp(high), len(logs))
+
+
+def center(logs: np.ndarray, groups: np.ndarray) -> float:
+    """The statistic: the mean over processes of each process's median log-ratio."""
+    return float(np.mean([np.median(logs[groups == group]) for group in np.unique(groups)]))
 
 
 def times(name: str, values: object) -> list[float]:
@@ -142,41 +146,19 @@ def pair_rounds(top_groups: list[int], bottom_groups: list[int]) -> list[tuple[i
     return pairs
 
 
-def bca_interval(logs: np.ndarray, seed: int) -> tuple[float, float]:
-    """scipy's BCa interval of the mean of ``logs``."""
-    with warnings.catch_warnings():  # a near-degenerate sample: scipy warns and returns nan
-        warnings.simplefilter("ignore")
-        found = stats.bootstrap((logs,), np.mean, confidence_level=CONFIDENCE, method="BCa",
-                                n_resamples=RESAMPLES, random_state=np.random.default_rng(seed))
-    low, high = found.confidence_interval
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return percentile_interval(resampled_means(logs, seed))
-    return float(low), float(high)
-
-
 def two_level_interval(logs: np.ndarray, groups: np.ndarray, seed: int) -> tuple[float, float]:
-    """Percentile interval of the mean of ``logs`` resampling groups (processes), then the
-    rounds inside each chosen group, ``RESAMPLES`` times."""
+    """Percentile interval of ``center`` resampling groups (processes), then the rounds inside
+    each chosen group, ``RESAMPLES`` times; with one group, a bootstrap of its rounds' median."""
     rng = np.random.default_rng(seed)
     members = [logs[groups == group] for group in np.unique(groups)]
-    means = np.empty(RESAMPLES)
-    for index in range(RESAMPLES):
-        chosen = rng.integers(len(members), size=len(members))
-        drawn = [rng.choice(members[g], size=len(members[g])) for g in chosen]
-        means[index] = np.concatenate(drawn).mean()
-    return percentile_interval(means)
-
-
-def resampled_means(logs: np.ndarray, seed: int) -> np.ndarray:
-    """Means of ``RESAMPLES`` resamples of ``logs`` with replacement."""
-    rng = np.random.default_rng(seed)
-    return rng.choice(logs, size=(RESAMPLES, len(logs))).mean(axis=1)
-
-
-def percentile_interval(means: np.ndarray) -> tuple[float, float]:
-    """The central ``CONFIDENCE`` share of bootstrap ``means``."""
+    slots = len(members)
+    # medians[g][r, s]: group g's rounds resampled for resample r's s-th draw of a group
+    medians = np.stack([np.median(rng.choice(rounds, size=(RESAMPLES, slots, len(rounds))), axis=-1)
+                        for rounds in members])  # (groups, RESAMPLES, slots)
+    chosen = rng.integers(slots, size=(RESAMPLES, slots))
+    statistics = medians[chosen, np.arange(RESAMPLES)[:, None], np.arange(slots)].mean(axis=1)
     tail = 100 * (1 - CONFIDENCE) / 2
-    low, high = np.percentile(means, [tail, 100 - tail])
+    low, high = np.percentile(statistics, [tail, 100 - tail])
     return float(low), float(high)
 
 

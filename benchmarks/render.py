@@ -43,8 +43,10 @@ DECODE_ONLY_TITLE = "decode-only row"  # the compact form's table of engine and 
 SAME_MARK = "≈"
 NO_CACHE = "no cache"  # a row that decodes by full recompute, in a cached-decoding ratio's cell
 # the compact table's legend, a line each (the decode lines only with the decode columns)
+RATIO_LEGEND = "×torch: the median over rounds of the row's time / torch's in the same round; < 1 is faster"
+RATIO_LEGEND_PROCESSES = ("×torch: the row's time / torch's in the same round, its median in each process, "
+                          "their geometric mean")
 COMPACT_LEGEND = (
-    "×torch: the geometric mean over rounds of the row's time / torch's in the same round; < 1 is faster",
     "ms: a call's median time over rounds, so ms / torch's ms need not equal ×torch · "
     "peak MB: weights + train step",
 )
@@ -293,7 +295,9 @@ def notes(meta: dict, block: dict, wide: bool = False, marked: bool = False) -> 
     carries it, a CUDA shape too small to be compute-bound, failures, which SDPA kernels ran,
     the torch fast path, the allocator."""
     decoding = any(DECODE_VS_BASELINE in row or "decode_tokens_per_s" in row for row in block["rows"])
-    lines = [] if wide else [*COMPACT_LEGEND, *(DECODE_LEGEND if decoding else ())]
+    seeds = (block.get("rounds") or {}).get("seed")
+    ratio_legend = RATIO_LEGEND_PROCESSES if isinstance(seeds, list) and len(seeds) > 1 else RATIO_LEGEND
+    lines = [] if wide else [ratio_legend, *COMPACT_LEGEND, *(DECODE_LEGEND if decoding else ())]
     lines += [SAME_LEGEND] if marked else []
     lines += [line for line in (control_line(block), resolution_line(block, wide), rounds_line(block),
                                 placement_line(meta)) if line]

@@ -127,8 +127,9 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
     with tempfile.TemporaryDirectory(prefix="compare-engines-") as exported:
         engines = build_engine_rows(settings, block, reference, exported, bar)
         peak, rounds = time_rounds(timed + engines, settings, block, bar, deadline)
-    with phase(bar, f"{block.where}: peak memory"):
-        measure_memory([row for row in timed if row.variant != CONTROL], block)
+    if settings.measure_memory:
+        with phase(bar, f"{block.where}: peak memory"):
+            measure_memory([row for row in timed if row.variant != CONTROL], block)
     results = [row_result(row, settings, shape, peak.flops_per_second) for row in timed + engines]
     control = next((result for result in results if result["variant"] == CONTROL), None)
     for row in rows:  # free this block's models before the next block

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks import coverage
+from tests.benchmarks.test_busy_cores import report_with
 
 
 def report(explicit_fwd: tuple[float, float, float], control_fwd: tuple[float, float, float]) -> dict:
@@ -70,3 +71,23 @@ def test_a_file_may_hold_a_list_of_runs(tmp_path, capsys):
     reference.write_text(json.dumps(report((1.12, 0, 2), (1.0, 0, 2))), encoding="utf-8")
     assert coverage.main([str(runs), "--reference", str(reference)]) == 0
     assert "2/3" in capsys.readouterr().out
+
+
+def test_recompute_reads_each_run_again_from_its_rounds():
+    """Two runs whose rounds say explicit is 1.3x torch but whose printed ratio (as an earlier
+    statistic left it, say) is 2.0 [1.9, 2.1]: as printed neither holds the pooled 1.3; made again
+    from their rounds, both do."""
+    torch_rounds = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98]
+    runs = []
+    for seed in (0, 1):
+        run = report_with({"explicit": {"forward": [1.3 * t for t in torch_rounds]},
+                           "torch": {"forward": torch_rounds}})
+        run["blocks"][0]["rounds"] = {"orders": [["explicit", "torch"]] * 6, "seed": seed,
+                                      "others": [0.0] * 6, "contended": [False] * 6}
+        row = run["blocks"][0]["rows"][0]
+        row["forward_vs_torch"], row["forward_vs_torch_low"], row["forward_vs_torch_high"] = 2.0, 1.9, 2.1
+        runs.append(run)
+    as_printed = {c.name: c for c in coverage.coverage(runs)}["explicit forward ×torch"]
+    again = {c.name: c for c in coverage.coverage(runs, recompute=True)}["explicit forward ×torch"]
+    assert as_printed.reference == pytest.approx(1.3) and as_printed.covered == 0
+    assert again.covered == 2 and again.widest < 0.01

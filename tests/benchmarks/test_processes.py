@@ -68,4 +68,5 @@ def test_the_default_run_hands_each_fresh_process_its_own_seed(monkeypatch, caps
     assert compare.main(["--preset", "tiny", "--quiet"]) == 0
     assert [settings.order_seed for settings in handed] == list(range(PROCESSES))
     assert all(settings.processes == 1 and settings.rounds == ROUNDS_PER_PROCESS for settings in handed)
+    assert [settings.measure_memory for settings in handed] == [True] + [False] * (PROCESSES - 1)
     assert json.loads(capsys.readouterr().out)["processes"] == PROCESSES

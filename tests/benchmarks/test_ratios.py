@@ -4,14 +4,15 @@ asserted: the rounds are made up, and the expected values are computed here."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import statistics
-from statistics import NormalDist
 
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 import benchmarks.run
 from benchmarks.processes import pool
@@ -26,21 +27,43 @@ from variants import REFERENCE
 # --- the statistic and its interval -------------------------------------------------------------
 
 
-def test_a_paired_ratio_is_the_geometric_mean_of_the_rounds_ratios():
-    found = paired_ratio([2.0, 8.0, 3.0], [1.0, 2.0, 3.0])  # ratios 2, 4, 1
-    assert found.value == pytest.approx((2 * 4 * 1) ** (1 / 3))
+def log_median(ratios: list[float]) -> float:
+    """The median of ``ratios`` taken on their logarithms (an even count: the geometric mean of
+    the middle two), by the standard library."""
+    return math.exp(statistics.median(map(math.log, ratios)))
+
+
+def test_a_paired_ratio_is_the_median_of_the_rounds_ratios():
+    found = paired_ratio([2.0, 8.0, 4.5], [1.0, 2.0, 3.0])  # ratios 2, 4, 1.5
+    assert found.value == pytest.approx(2.0)
     assert found.rounds == 3 and found.low <= found.value <= found.high
+    even = paired_ratio([2.0, 8.0, 3.0, 3.0], [1.0, 2.0, 3.0, 1.0])  # ratios 2, 4, 1, 3
+    assert even.value == pytest.approx(math.sqrt(2 * 3))
 
 
-def test_the_interval_matches_the_normal_theory_one_on_a_symmetric_sample():
-    """40 rounds whose log-ratios are spread evenly and symmetrically about log 1.1: BCa then
-    agrees with mean +- 1.96 sd / sqrt(n) (sd of the sample as the bootstrap sees it, ddof 0),
-    within a tenth of the half-width (resampling noise)."""
+def test_one_disturbed_round_does_not_move_the_ratio():
+    """Eleven rounds near 1.05 and one that another program slowed to 1.6x: the ratio stays
+    the steady rounds' median, where their geometric mean would move by log(1.6) / 12 (4%)."""
+    steady = (1.05 * np.exp(np.linspace(-0.01, 0.01, 11))).tolist()
+    found = paired_ratio([*steady, 1.6], [1.0] * 12)
+    assert found.value == pytest.approx(log_median([*steady, 1.6]))
+    assert found.value == pytest.approx(1.05, rel=0.002)
+    assert math.exp(statistics.mean(map(math.log, [*steady, 1.6]))) > 1.05 * 1.03  # a mean would not
+    assert found.high < 1.08
+
+
+def test_the_interval_is_the_medians_order_statistic_interval_on_a_spread_sample():
+    """40 rounds whose log-ratios are spread evenly about log 1.1: the bootstrap's 95% interval
+    of the median lands on the distribution-free one, the order statistics x(k) and x(n+1-k)
+    where k is the binomial(40, 1/2) 2.5% quantile (Hollander and Wolfe, ch. 3), within
+    one spacing of the sample (the bootstrap's median takes the sample's values or midpoints)."""
     logs = math.log(1.1) + np.linspace(-0.05, 0.05, 40)
     found = paired_ratio(np.exp(logs).tolist(), [1.0] * 40)
-    half = 1.959964 * logs.std() / math.sqrt(len(logs))
-    for bound, expected in ((found.low, logs.mean() - half), (found.high, logs.mean() + half)):
-        assert math.log(bound) == pytest.approx(expected, abs=0.1 * half)
+    k = int(stats.binom.ppf(0.025, 40, 0.5))  # rounds below the interval, at most, either side
+    spacing = logs[1] - logs[0]
+    assert math.log(found.low) == pytest.approx(logs[k], abs=1.01 * spacing)
+    assert math.log(found.high) == pytest.approx(logs[len(logs) - 1 - k], abs=1.01 * spacing)
+    assert math.log(found.value) == pytest.approx(math.log(1.1), abs=1e-12)
 
 
 def test_the_inverse_ratio_has_the_inverse_interval():
@@ -72,53 +95,37 @@ def test_the_first_rounds_pair_when_the_numerator_has_fewer():
     assert found.rounds == 2 and found.value == pytest.approx(2.0)
 
 
-def textbook_bca(logs: np.ndarray, resamples: int = 200_000, seed: int = 12345) -> tuple[tuple, tuple]:
-    """The 95% BCa and percentile intervals of the mean of ``logs``, by Efron and Tibshirani's
-    formulas (An Introduction to the Bootstrap, 1993, eq. 14.9-14.15), on a bootstrap of its own:
-    bias correction z0 = Phi^-1(share of resampled means below the mean), acceleration a from
-    the jackknife, bounds at the resampled means' quantiles Phi(z0 + (z0 + z) / (1 - a (z0 + z)))."""
-    normal, n = NormalDist(), len(logs)
-    means = logs[np.random.default_rng(seed).integers(n, size=(resamples, n))].mean(axis=1)
-    z0 = normal.inv_cdf(float(np.mean(means < logs.mean())))
-    jackknife = np.array([np.delete(logs, i).mean() for i in range(n)])
-    spread = jackknife.mean() - jackknife
-    a = (spread**3).sum() / (6 * ((spread**2).sum()) ** 1.5)
-    tails = (0.025, 0.975)
-    bca = tuple(float(np.quantile(means, normal.cdf(z0 + (z0 + z) / (1 - a * (z0 + z)))))
-                for z in map(normal.inv_cdf, tails))
-    return bca, tuple(float(q) for q in np.quantile(means, tails))
-
-
-def test_the_interval_is_bca_on_a_skewed_sample():
-    """17 steady rounds and 3 spoilt by bursts of other work (+35%, +65%, +146%): a skewed
-    sample, where BCa moves both bounds up from the percentile interval's. Each bound is
-    BCa's, computed here from the textbook formulas, within a quarter of the distance between
-    the two methods (both bootstraps' resampling noise is far smaller)."""
-    logs = np.array([0.0] * 17 + [0.3, 0.5, 0.9]) + np.linspace(0.0, 0.01, 20)
-    found = paired_ratio(np.exp(logs).tolist(), [1.0] * len(logs))
-    bca, percentile = textbook_bca(logs)
-    for bound, by_bca, by_percentile in zip((found.low, found.high), bca, percentile, strict=True):
-        margin = abs(by_bca - by_percentile) / 4
-        assert margin > 0.003  # the sample tells the two methods apart
-        assert math.log(bound) == pytest.approx(by_bca, abs=margin)
+def bootstrap_median_variance(sample: np.ndarray) -> float:
+    """The exact variance of the median of a resample of ``sample`` (same size, with
+    replacement), summed over every multiset of indices with its multinomial probability."""
+    n = len(sample)
+    medians, weights = [], []
+    for chosen in itertools.combinations_with_replacement(range(n), n):
+        counts = np.bincount(chosen, minlength=n)
+        weights.append(math.factorial(n) / math.prod(map(math.factorial, counts)) / n**n)
+        medians.append(statistics.median(sample[list(chosen)]))
+    medians, weights = np.array(medians), np.array(weights)
+    mean = (weights * medians).sum()
+    return float((weights * (medians - mean) ** 2).sum())
 
 
 def test_the_two_level_interval_resamples_rounds_inside_each_process():
-    """Six processes whose means nearly agree (offsets -1%..+1%) and whose rounds spread +-10%
-    inside each: resampling processes, then rounds, the mean's spread is
-    sqrt((var of the process means + mean var inside a process / rounds) / processes), 1.96 of
-    which the interval reaches on either side (within 20%); resampling processes only would see
-    a quarter of it."""
+    """Six processes whose medians nearly agree (offsets -1%..+1%) and whose rounds spread +-10%
+    inside each: resampling processes, then rounds, the statistic (the mean of the processes'
+    medians) spreads by sqrt((var of the offsets + var of one process's resampled median) /
+    processes), 1.96 of which the interval reaches on either side (within 20%); resampling
+    processes only would see a third of it."""
     processes, rounds = 6, 8
     inside, offsets = np.linspace(-0.1, 0.1, rounds), np.linspace(-0.01, 0.01, processes)
     logs = (offsets[:, None] + inside[None, :]).ravel()
     labels = np.repeat(np.arange(processes), rounds).tolist()
     found = paired_ratio(np.exp(logs).tolist(), [1.0] * len(logs), processes=labels)
-    half = 1.959964 * math.sqrt((offsets.var() + inside.var() / rounds) / processes)
+    half = 1.959964 * math.sqrt((offsets.var() + bootstrap_median_variance(inside)) / processes)
     processes_only = 1.959964 * math.sqrt(offsets.var() / processes)
     assert processes_only < half / 3  # the sample tells the two apart
-    assert logs.mean() - math.log(found.low) == pytest.approx(half, rel=0.2)
-    assert math.log(found.high) - logs.mean() == pytest.approx(half, rel=0.2)
+    assert math.log(found.value) == pytest.approx(offsets.mean(), abs=1e-12)
+    assert -math.log(found.low) == pytest.approx(half, rel=0.2)
+    assert math.log(found.high) == pytest.approx(half, rel=0.2)
 
 
 def test_a_time_that_is_not_finite_gives_no_ratio_like_nan_zero_and_negative_ones():
@@ -155,9 +162,9 @@ def test_rounds_pair_within_each_process():
     top, top_processes = [1.10, 1.20, 2.2, 2.4, 2.6], [0, 0, 1, 1, 1]
     bottom, bottom_processes = [1.0, 1.0, 1.0, 2.0, 2.0, 2.0], [0, 0, 0, 1, 1, 1]
     found = paired_ratio(top, bottom, processes=top_processes, denominator_processes=bottom_processes)
-    within = [1.10 / 1.0, 1.20 / 1.0, 2.2 / 2.0, 2.4 / 2.0, 2.6 / 2.0]
+    first, second = [1.10 / 1.0, 1.20 / 1.0], [2.2 / 2.0, 2.4 / 2.0, 2.6 / 2.0]
     assert found.rounds == 5
-    assert found.value == pytest.approx(math.exp(statistics.mean(map(math.log, within))))
+    assert found.value == pytest.approx(math.sqrt(log_median(first) * log_median(second)))
 
 
 def test_pooled_rounds_pair_within_each_process():
@@ -171,8 +178,8 @@ def test_pooled_rounds_pair_within_each_process():
         report["blocks"][0]["rounds"] = {"orders": [["explicit", "torch"]] * 3, "seed": index,
                                          "others": [0.0] * 3, "contended": [False] * 3}
     row = pool([first, second])["blocks"][0]["rows"][0]
-    within = [1.10 / 1.0, 1.20 / 1.0, 2.2 / 2.0, 2.4 / 2.0, 2.6 / 2.0]
-    assert row["forward_vs_torch"] == pytest.approx(math.exp(statistics.mean(map(math.log, within))))
+    first, second = [1.10 / 1.0, 1.20 / 1.0], [2.2 / 2.0, 2.4 / 2.0, 2.6 / 2.0]
+    assert row["forward_vs_torch"] == pytest.approx(math.sqrt(log_median(first) * log_median(second)))
 
 
 def test_pooling_no_reports_is_a_value_error():
@@ -181,15 +188,19 @@ def test_pooling_no_reports_is_a_value_error():
 
 
 def test_rounds_of_several_processes_resample_processes_too():
-    """Two processes, each steady within (ratios 1.00 and 1.50) but far apart: one level of
-    resampling sees 20 tight rounds, two levels see two processes that disagree."""
-    ratios = [1.0] * 10 + [1.5] * 10
+    """Four processes, each steady within, three at 1.00 and one at 1.50: one level sees 40
+    rounds whose median is 1.00 with a tight interval; two levels see four processes, the
+    geometric mean of their medians 1.5^(1/4), and an interval from all four drawn at 1.00
+    (probability (3/4)^4, above 2.5%) to three of four drawn at 1.50, 1.5^(3/4) (the binomial
+    chance of three or more is 5.1%, of four 0.4%)."""
+    ratios = [1.0] * 30 + [1.5] * 10
     ratios = [r * (1 + 0.001 * (i % 3 - 1)) for i, r in enumerate(ratios)]
-    flat = paired_ratio(ratios, [1.0] * 20)
-    nested = paired_ratio(ratios, [1.0] * 20, processes=[0] * 10 + [1] * 10)
-    assert nested.value == pytest.approx(flat.value)
-    assert nested.low < flat.low and nested.high > flat.high
-    assert nested.low == pytest.approx(1.0, rel=0.01) and nested.high == pytest.approx(1.5, rel=0.01)
+    flat = paired_ratio(ratios, [1.0] * 40)
+    nested = paired_ratio(ratios, [1.0] * 40, processes=np.repeat(np.arange(4), 10).tolist())
+    assert flat.value == pytest.approx(1.0, rel=0.002) and flat.high < 1.01
+    assert nested.value == pytest.approx(1.5 ** (1 / 4), rel=0.002)
+    assert nested.low == pytest.approx(1.0, rel=0.01)
+    assert nested.high == pytest.approx(1.5 ** (3 / 4), rel=0.01)
 
 
 # --- the rounds' order ----------------------------------------------------------------------------
@@ -383,13 +394,59 @@ def test_pooled_processes_concatenate_rounds_and_resample_by_process():
     assert pooled["meta"]["processes"] == 2
     assert row["forward_rounds_s"] == SLOWER + faster
     assert row["forward_rounds_process"] == [0] * 6 + [1] * 6
-    ratios = [a / b for a, b in zip(SLOWER + faster, TORCH + TORCH, strict=True)]
-    assert row["forward_vs_torch"] == pytest.approx(math.exp(statistics.mean(map(math.log, ratios))))
+    medians = [log_median([a / b for a, b in zip(times, TORCH, strict=True)]) for times in (SLOWER, faster)]
+    assert row["forward_vs_torch"] == pytest.approx(math.sqrt(medians[0] * medians[1]))
     assert row["forward_ms"] == pytest.approx(statistics.median(
         [report["blocks"][0]["rows"][0]["forward_ms"] for report in (first, second)]))
     assert pooled["blocks"][0]["rounds"]["process"] == [0] * 6 + [1] * 6
-    assert "  12 rounds from 2 processes, rows in a fresh order each (seeds 0, 1); 0 of them on busy cores" \
-        in render(pooled, "github").splitlines()
+    lines = render(pooled, "github").splitlines()
+    assert ("  12 rounds from 2 processes, rows in a fresh order each (seeds 0, 1); 0 of them on busy "
+            "cores") in lines
+    assert ("  ×torch: the row's time / torch's in the same round, its median in each process, their "
+            "geometric mean") in lines
+
+
+def test_peak_memory_measured_by_the_first_process_alone_is_kept():
+    """The processes after the first leave peak memory unmeasured (None): the pooled row keeps
+    the first's, while times measured by every process are their median."""
+    reports = []
+    for index, scale in enumerate((1.0, 1.2, 1.1)):
+        report = report_with({"explicit": {"forward": SLOWER, "train": SLOWER},
+                              "torch": {"forward": TORCH, "train": TORCH}}, scale=scale)
+        report["blocks"][0]["rounds"] = {"orders": [["explicit", "torch"]] * 6, "seed": index,
+                                         "others": [0.0] * 6, "contended": [False] * 6}
+        report["blocks"][0]["rows"][0]["train_peak_mb"] = 123.0 if index == 0 else None
+        reports.append(report)
+    row = pool(reports)["blocks"][0]["rows"][0]
+    assert row["train_peak_mb"] == 123.0
+    assert row["forward_ms"] == pytest.approx(1.1 * reports[0]["blocks"][0]["rows"][0]["forward_ms"])
+
+
+def test_pooling_pooled_reports_keeps_their_processes_apart():
+    """Two runs of two processes each, pooled again (how the coverage study takes its reference):
+    four processes, each its own label, so the ratio is the geometric mean of four medians and
+    not of two runs' medians over their mixed rounds."""
+    faster = [0.9 * t for t in SLOWER]
+    runs = []
+    for run_index, pair in enumerate(((SLOWER, faster), (faster, faster))):
+        reports = []
+        for index, times in enumerate(pair):
+            report = report_with({"explicit": {"forward": times, "train": times},
+                                  "torch": {"forward": TORCH, "train": TORCH}})
+            report["blocks"][0]["rounds"] = {"orders": [["explicit", "torch"]] * 6,
+                                             "seed": 2 * run_index + index, "others": [0.0] * 6,
+                                             "contended": [False] * 6}
+            reports.append(report)
+        runs.append(pool(reports))
+    pooled = pool(runs)
+    block = pooled["blocks"][0]
+    assert pooled["meta"]["processes"] == 4
+    assert block["rows"][0]["forward_rounds_process"] == [0] * 6 + [1] * 6 + [2] * 6 + [3] * 6
+    assert block["rounds"]["process"] == [0] * 6 + [1] * 6 + [2] * 6 + [3] * 6
+    assert block["rounds"]["seed"] == [0, 1, 2, 3]
+    medians = [log_median([a / b for a, b in zip(times, TORCH, strict=True)])
+               for times in (SLOWER, faster, faster, faster)]
+    assert block["rows"][0]["forward_vs_torch"] == pytest.approx(math.prod(medians) ** (1 / 4))
 
 
 @pytest.mark.slow  # two fresh interpreters, each a short tiny run (about 20 s)
