@@ -22,6 +22,8 @@ The library, one job per module, in the order a run uses them:
                    in float32 and bfloat16)
     run            ``run(settings) -> report``: the phases of a run, by name
     processes      the run repeated in fresh interpreters, their rounds pooled (a CPU run's default)
+    isolated       an engine built and called in a process of its own (CTranslate2's rows: its
+                   OpenMP threads would slow torch's in the same process)
     breakdown      one profiled train step's operator time, grouped by what they do (time_breakdown's)
     bandwidth      streaming read bandwidth, the weight bytes a cached step reads (decode_scan's)
 
@@ -36,6 +38,7 @@ directory); each prints, and nothing in the library imports one:
     low_precision   how far bfloat16 and float16 log-probs stray from float32 (``MEASURED``)
     bfloat16_decoding  how far decoding on bfloat16 weights agrees with float32 on a test split
     coverage        how often several runs' intervals hold their pooled ratio (and the control 1)
+    isolated_server the child process ``isolated`` starts for an engine (not run by hand)
     learners/       one seed, five learners: every variant trained on real translation
                     (``python -m benchmarks.learners``; its library is ``learners.study``)
 

@@ -20,8 +20,10 @@ are the suite's own greedy_decode and beam_search driving the sessions
 (``seq2seq.deploy.onnx_runtime``), so its beam is the suite's; CTranslate2's beam is its own
 search, with its own length penalty (docs/deployment.md). Exporting is done here, once, before
 any timing; the calls then only decode. int8 is ONNX Runtime's dynamic quantization and
-CTranslate2's ``compute_type="int8"``. The fast-path rows hold fused with the same weights; the
-inductor row's first calls, which compile, are its compile time (``EngineRow.compiles``).
+CTranslate2's ``compute_type="int8"``. CTranslate2 decodes in a process of its own
+(``benchmarks.isolated``): in this one, its OpenMP threads would slow every torch row timed after
+it. The fast-path rows hold fused with the same weights; the inductor row's first calls, which
+compile, are its compile time (``EngineRow.compiles``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from benchmarks.isolated import Isolated
 from benchmarks.steps import beam_step, decode_step
 from common.config import TransformerConfig
 from common.random_batch import Batch
@@ -181,7 +184,9 @@ def engine_rows(
             model, directory / "ctranslate2", bos_id=BOS_ID, eos_id=timing_eos_id(model.config)
         )
         for precision in (p for p in settings.precisions if p in offered("ctranslate2")):
-            engine = ctranslate.CTranslate2Model(exported, compute_type=precision, threads=settings.threads)
+            # in a process of its own: in this one its OpenMP threads would slow torch's rows
+            engine = Isolated(ctranslate.CTranslate2Model, exported, compute_type=precision,
+                              threads=settings.threads)
             rows.append(EngineRow("ctranslate2", precision, ctranslate2_steps(engine, batch, max_len)))
     for engine, levers in FAST_PATHS.items():  # no int8 (docs/deployment.md: why)
         if engine not in settings.engines:
@@ -237,9 +242,10 @@ def fast_path_steps(model: nn.Module, batch: Batch, max_len: int,
 
 
 def ctranslate2_steps(
-    engine: CTranslate2Model, batch: Batch, max_len: int
+    engine: CTranslate2Model | Isolated, batch: Batch, max_len: int
 ) -> dict[str, Callable[[], Tensor]]:
-    """CTranslate2's greedy decoding and its beam search (beam 4, alpha 0.6 in its own penalty)."""
+    """CTranslate2's greedy decoding and its beam search (beam 4, alpha 0.6 in its own penalty),
+    in this process or in its own (``benchmarks.isolated``)."""
     src = batch.src.cpu()
     return {
         "decode": lambda: engine.greedy(src, max_len=max_len),

@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from benchmarks import isolated
+
 # How long ``look`` watches the cores. /proc/stat counts in ticks of 1/100 s, so a third of a
 # second gives each CPU about 30 ticks: a core held by another process reads ~1.0, an idle one
 # ~0.0, well apart; longer only delays every run.
@@ -48,7 +50,8 @@ class CpuSample:
 
     busy_ticks: tuple[int, ...]  # per CPU: ticks spent not idle, since boot
     total_ticks: tuple[int, ...]  # per CPU: all ticks since boot
-    own_cpu_s: float  # this process's CPU time (all its threads), time.process_time()
+    own_cpu_s: float  # this process's CPU time (all its threads) and its live children's
+    # (an engine run in a process of its own: benchmarks.isolated), own_cpu_seconds()
     wall_s: float  # time.monotonic()
     load: float | None  # the 1-minute load average of the whole machine, if known
 
@@ -134,7 +137,14 @@ def read_sample(cpus: Sequence[int] | None = None, stat_path: str = "/proc/stat"
     except (OSError, ValueError):
         return None
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return CpuSample(busy, total, time.process_time(), time.monotonic(), load)
+    return CpuSample(busy, total, own_cpu_seconds(), time.monotonic(), load)
+
+
+def own_cpu_seconds() -> float:
+    """This process's CPU time, all its threads, plus that of the engines it runs in processes
+    of their own, alive or ended (``benchmarks.isolated.children_cpu_seconds``): the run's own
+    work, which the cores' readings must not count as another program's."""
+    return time.process_time() + isolated.children_cpu_seconds()
 
 
 def between(before: CpuSample, after: CpuSample) -> CoreLoad:

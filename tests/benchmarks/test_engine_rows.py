@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from benchmarks import engines
 from benchmarks.engines import missing_extra, row_argument
 from benchmarks.measured import Row
 from benchmarks.render import render
@@ -105,8 +106,9 @@ def test_a_missing_deploy_extra_is_named_before_any_timing(monkeypatch, capsys):
 
 def test_compare_builds_each_engine_row_with_its_precision_and_threads(monkeypatch, tmp_path):
     """compare.py's options -> Settings -> build_engine_rows, as run_block calls it: each row's
-    engine is made with the row's precision and the run's threads. CTranslate2 runs for real
-    (its export is quick), its Translator watched; ONNX Runtime's export and sessions are
+    engine is made with the row's precision and the run's threads, CTranslate2's in a process of
+    its own. CTranslate2 runs for real (its export is quick), its Translator watched (here, so
+    built in this process); ONNX Runtime's export and sessions are
     stood in for (its export takes a minute), the reference decoding in their place."""
     settings, _ = parse_args(["--preset", "tiny", "--variants", "torch", "onnxruntime", "ctranslate2",
                               "--decode-len", "4", "--threads", "3", "--batch", "2", "--src-len", "6"])
@@ -123,7 +125,12 @@ def test_compare_builds_each_engine_row_with_its_precision_and_threads(monkeypat
         made.append(("onnxruntime", precision, threads))
         return reference
 
+    def in_this_process(factory, *args, **kwargs):  # where the watched Translator is
+        made.append(("own process", factory.__name__))
+        return factory(*args, **kwargs)
+
     monkeypatch.setattr(ctranslate2, "Translator", translator)
+    monkeypatch.setattr(engines, "Isolated", in_this_process)
     monkeypatch.setattr(onnx_runtime, "export_onnx", lambda model, directory, **_: directory)
     monkeypatch.setattr(onnx_runtime, "quantize_int8", lambda directory: made.append(("quantized",)))
     monkeypatch.setattr(onnx_runtime, "OnnxRuntimeModel", onnx_model)
@@ -134,7 +141,8 @@ def test_compare_builds_each_engine_row_with_its_precision_and_threads(monkeypat
     assert [row.variant for row in rows] == ["onnxruntime float32", "onnxruntime int8",
                                              "ctranslate2 float32", "ctranslate2 int8"]
     assert made == [("quantized",), ("onnxruntime", "float32", 3), ("onnxruntime", "int8", 3),
-                    ("ctranslate2", "float32", 3), ("ctranslate2", "int8", 3)]
+                    ("own process", "CTranslate2Model"), ("ctranslate2", "float32", 3),
+                    ("own process", "CTranslate2Model"), ("ctranslate2", "int8", 3)]
     assert all(not cell.error for row in rows for cell in row.cells.values())
 
 
