@@ -9,12 +9,13 @@ Why: torch loads its OpenMP runtime (libgomp) globally, so CTranslate2's calls i
 in the same runtime, from CTranslate2's own worker thread, which starts a second team of
 threads. With more OpenMP threads than cores, libgomp stops letting idle threads spin and puts
 them to sleep between parallel regions, for torch's team too, for the rest of the process.
-Measured on the 2-core VM: after one CTranslate2 call, the onednn bfloat16 row's greedy
-decoding at batch 8 took 1.56x as long (375 ms to 584 ms a call), its layer norms 9x; a second
-later it had not recovered (docs/results/cpu-bf16.md). A child process has a runtime of its own.
+Measured on the 2-core VM: beside a CTranslate2 row in the same process, compare.py's onednn
+bfloat16 row decoded 839 tokens/s at batch 8, against 1,359 without one
+(docs/results/cpu-bf16.md). A child process has a runtime of its own.
 
-The child is a fresh interpreter (``python -m benchmarks.isolated_server``, nothing inherited from this
-one's threads, and no re-import of the caller's script as ``multiprocessing``'s spawn would do).
+The child is a fresh interpreter (``python -m benchmarks.isolated_server``, nothing inherited
+from this one's threads, and no re-import of the caller's script as ``multiprocessing``'s spawn
+would do).
 It builds ``factory(*args, **kwargs)``, then serves calls one at a time, pickled over its stdin
 and stdout: ``engine.name(*args, **kwargs)`` sends one and waits. A call's time, measured here,
 includes that round trip (well under a millisecond beside a decode's hundreds). An exception in

@@ -50,8 +50,8 @@ class CpuSample:
 
     busy_ticks: tuple[int, ...]  # per CPU: ticks spent not idle, since boot
     total_ticks: tuple[int, ...]  # per CPU: all ticks since boot
-    own_cpu_s: float  # this process's CPU time (all its threads) and its live children's
-    # (an engine run in a process of its own: benchmarks.isolated), own_cpu_seconds()
+    own_cpu_s: float  # this process's CPU time (all its threads) and that of the engines it ran
+    # in processes of their own, alive or ended (benchmarks.isolated), own_cpu_seconds()
     wall_s: float  # time.monotonic()
     load: float | None  # the 1-minute load average of the whole machine, if known
 

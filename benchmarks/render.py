@@ -295,8 +295,7 @@ def notes(meta: dict, block: dict, wide: bool = False, marked: bool = False) -> 
     carries it, a CUDA shape too small to be compute-bound, failures, which SDPA kernels ran,
     the torch fast path, the allocator."""
     decoding = any(DECODE_VS_BASELINE in row or "decode_tokens_per_s" in row for row in block["rows"])
-    seeds = (block.get("rounds") or {}).get("seed")
-    ratio_legend = RATIO_LEGEND_PROCESSES if isinstance(seeds, list) and len(seeds) > 1 else RATIO_LEGEND
+    ratio_legend = RATIO_LEGEND_PROCESSES if len(round_seeds(block)) > 1 else RATIO_LEGEND
     lines = [] if wide else [ratio_legend, *COMPACT_LEGEND, *(DECODE_LEGEND if decoding else ())]
     lines += [SAME_LEGEND] if marked else []
     lines += [line for line in (control_line(block), resolution_line(block, wide), rounds_line(block),
@@ -385,6 +384,13 @@ def resolution_line(block: dict, wide: bool = False) -> str | None:
             f"short: {', '.join(short)}")
 
 
+def round_seeds(block: dict) -> list:
+    """The seeds of the block's rounds' orders: one a process (a pooled block has several), none
+    for a block without a record of its rounds."""
+    seed = (block.get("rounds") or {}).get("seed")
+    return [] if seed is None else seed if isinstance(seed, list) else [seed]
+
+
 def rounds_line(block: dict) -> str | None:
     """``15 rounds, rows in a fresh order each (seed 0); 2 of them on busy cores``."""
     rounds = block.get("rounds") or {}
@@ -392,7 +398,7 @@ def rounds_line(block: dict) -> str | None:
         return None
     count = len(rounds["orders"])
     busy = sum(1 for flag in rounds.get("contended", []) if flag)
-    seeds = rounds["seed"] if isinstance(rounds["seed"], list) else [rounds["seed"]]  # pooled: one a process
+    seeds = round_seeds(block)
     source = f" from {len(seeds)} processes" if len(seeds) > 1 else ""
     seed = f"seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else f"seed {seeds[0]}"
     return (f"{count} rounds{source}, rows in a fresh order each ({seed}); "
