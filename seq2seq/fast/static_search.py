@@ -16,15 +16,18 @@ generator's logits (the log-softmax keeps their order, so the ids are the same),
 log-probabilities after moving each beam's cache rows (``reorder_beams``). The only host read
 per step is the loop's own stopping test, outside the step. A decoder keeps its cache between
 calls and refills it for a batch of the same shape, so a compiled step meets the same buffers
-again instead of compiling anew.
+again instead of compiling anew. Beam search's cache holds the encoder output's keys and values
+once per source, not once per beam (``start_static_cache(..., beams=k)``).
 
-``compile_mode`` None runs the step eagerly; otherwise it is ``torch.compile``'s mode, with
-``freezing`` inductor's freezing on top: the weights become constants of the compiled graph, on
-CPU packed for the step's matrix products (the cache is then not marked as of static address,
-which freezing would fold in too). ``onednn`` (CPU float32) decodes on a copy whose decoder and
-generator linears run oneDNN's product on weights packed once (``seq2seq.fast.onednn``), in
-``onednn_dtype`` (float32, or bfloat16: half the bytes a step streams): build a new decoder
-after changing the model's weights.
+``compile_mode`` None runs the step eagerly, on the cache's window of the positions written so
+far (``StaticCache.window``: the same buffers, so a step reads t slots, not ``max_len``);
+otherwise it is ``torch.compile``'s mode, with ``freezing`` inductor's freezing on top: the
+weights become constants of the compiled graph, on CPU packed for the step's matrix products
+(the cache is then not marked as of static address, which freezing would fold in too).
+``onednn`` (CPU float32) decodes on a copy whose decoder and generator linears run oneDNN's
+product on weights packed once (``seq2seq.fast.onednn``), in ``onednn_dtype`` (float32, or
+bfloat16: half the bytes a step streams): build a new decoder after changing the model's
+weights.
 
 A decoder checks its settings once, when built (the model, ``max_len``, the special ids, the
 beam, the compile options: ``check_arguments``, ``check_beam_arguments``), and at each call only
@@ -113,15 +116,13 @@ class StaticNextToken:
         memory = self.model.encode(src, src_mask)  # (B, S, D); encode checks src and src_mask
         if src_mask is not None:
             src_mask = batch_first(src_mask, src.shape[0])  # (B, 1 or H, 1, S)
-        if beams > 1:  # each source's memory and mask once per beam
-            memory = memory.repeat_interleave(beams, dim=0)  # (B·k, S, D)
-            src_mask = None if src_mask is None else src_mask.repeat_interleave(beams, dim=0)
         heads = 1 if src_mask is None else src_mask.shape[1]
         shape = (tuple(src.shape), beams, heads, src.device, memory.dtype)
         out = self.cache if shape == self.started_for else None
-        self.cache = self.model.start_static_cache(memory, src_mask, self.max_len, out=out)
+        # the memory's keys and values once per source, the self-attention's once per row
+        self.cache = self.model.start_static_cache(memory, src_mask, self.max_len, out=out, beams=beams)
         self.started_for = shape
-        rows = memory.shape[0]
+        rows = memory.shape[0] * beams
         if out is None:
             self.last = torch.zeros(rows, 1, dtype=torch.long, device=src.device)  # (B, 1)
             self.position = torch.zeros((), dtype=torch.long, device=src.device)  # ()
@@ -155,6 +156,12 @@ class StaticNextToken:
         continue a row of its own source (beam search's rule)."""
         self.origin.copy_(origin)
 
+    def read(self, tokens: Tensor) -> object:
+        """The cache the step after ``tokens`` (B, L) steps on: compiled, the whole cache (its
+        shapes never change); eager, its window of the L positions written by then (the step's
+        own included), so the step attends over L slots, not ``max_len``."""
+        return self.cache if self.compiled else self.cache.window(tokens.shape[1])
+
     def feed(self, tokens: Tensor) -> None:
         """The next step reads the last column of ``tokens`` (B, L) at position L - 1."""
         self.last.copy_(tokens[:, -1:])
@@ -165,15 +172,15 @@ class StaticNextToken:
     def __call__(self, tokens: Tensor) -> Tensor:
         self.feed(tokens)
         if not self.reorders:
-            return self.step(self.last, self.position, self.cache)  # (B, V)
+            return self.step(self.last, self.position, self.read(tokens))  # (B, V)
         # eager, only the slots written so far move; compiled, every slot (its shapes stay)
         written = None if self.compiled else tokens.shape[1] - 1
-        return self.step(self.last, self.position, self.origin, self.cache, written)  # (B, V)
+        return self.step(self.last, self.position, self.origin, self.read(tokens), written)  # (B, V)
 
     def next_ids(self, tokens: Tensor) -> Tensor:
         """(B, L) prefixes -> (B,) the most likely next ids (greedy decoding)."""
         self.feed(tokens)
-        return self.ids_step(self.last, self.position, self.cache)  # (B,)
+        return self.ids_step(self.last, self.position, self.read(tokens))  # (B,)
 
 
 class StaticGreedy:

@@ -26,6 +26,7 @@ Shape legend:
     H  heads            Dh head dim          D  model dim (d_model)
     F  feed-forward dim V  vocabulary size
     t  positions decoded so far, this one included (a cached decode step's keys)
+    R  a cached step's rows: B·k, k rows (beams) per source in fused's static beam cache
 """
 
 from __future__ import annotations
@@ -160,9 +161,14 @@ class CrossAttention(Attention):
     # --- incremental decoding: the suite's addition ---
 
     def step(self, x: Tensor, cache: LayerCache, mask: SdpaMask | None) -> Tensor:
-        """``forward`` for one new position x (B, 1, D), over the encoder output's keys and values
-        in ``cache`` (projected once per source, when the cache started)."""
-        return self.attend(self.q_proj(x), cache.cross_keys, cache.cross_values, mask)  # (B, 1, D)
+        """``forward`` for one new position x (R, 1, D), over the encoder output's keys and values
+        in ``cache`` (B, S, D), projected once per source when the cache started. R = B·k: the k
+        rows of a source (its beams; k = 1 but in a static beam cache) attend to the same keys,
+        so they go in as k queries of the source's one row."""
+        rows, sources = x.shape[0], cache.cross_keys.shape[0]
+        q = self.q_proj(x).view(sources, rows // sources, self.d_model)  # (B, k, D)
+        x = self.attend(q, cache.cross_keys, cache.cross_values, mask)  # (B, k, D)
+        return x.view(rows, 1, self.d_model)  # (R, 1, D)
 
 
 class FeedForward(nn.Module):

@@ -3,6 +3,7 @@ CUDA graph, beside ``start_cache``/``decode_step`` (the speed row's, no other va
 
     cache = model.start_static_cache(memory, src_mask, max_len)  # buffers of max_len positions
     hidden = model.static_step(tgt, position, cache)             # (B, 1) ids, 0-d int64 -> (B, 1, D)
+    hidden = model.static_step(tgt, position, cache.window(n))   # the same, reading n positions only
 
 ``static_step`` at position t, after the steps at 0..t-1 on the same cache, equals
 ``decode_step`` there: it writes the new keys and values into preallocated (B, max_len, D)
@@ -15,6 +16,15 @@ read the values of ids and position only in eager mode, outside ``ids_range_chec
 step sees the same buffers, at the same addresses, from one source batch to the next. A CUDA
 graph may write a tensor in place only if it is marked static: whoever compiles the step marks
 ``cache.buffers()`` (``torch._dynamo.mark_static_address``), as ``seq2seq.fast.static_search`` does.
+
+An eager step has no shapes to keep: ``cache.window(n)`` is the cache's first n positions, views
+of the same buffers, and a step on it at a position below n writes into the cache and attends
+over those n slots only, not over all ``max_len`` of them (the later slots are masked anyway).
+
+Beam search keeps k rows per source (``beams=k``): the self-attention buffers hold B·k rows, row
+i·k + j the j-th beam of source i, while the cross-attention keys and values, the same for every
+beam of a source, are kept once per source, (B, S, D); the decoder's cross-attention reads a
+source's k rows as k queries of that source (``CrossAttention.step``).
 
 The decoder layers run their own ``step``; the one difference is the cache's ``add``, which here
 writes at the position instead of appending.
@@ -51,18 +61,25 @@ class StaticLayerCache(LayerCache):
 
 @dataclass
 class StaticCache:
-    """Everything a static step reads besides its new ids, in buffers that keep their shape."""
+    """Everything a static step reads besides its new ids, in buffers that keep their shape:
+    ``batch_size`` rows of self-attention keys (``beams`` per source) over the cross-attention
+    keys of ``batch_size // beams`` sources."""
 
     model: weakref.ref  # the model whose layout and weights these are
     layers: list[StaticLayerCache]  # per decoder layer; their ``position`` is ``position`` below
     position: Tensor  # () int64: the position the last step wrote
     key_mask: Tensor  # (B, max_len) bool: True at a written position whose id is not padding
     slots: Tensor  # (max_len,) int64: 0 .. max_len - 1, to open the slots up to the position
-    src_mask: Tensor  # (B, 1, 1, S) bool: the source keys each row may attend (all, for None)
+    src_mask: Tensor  # (sources, 1 or H, 1, S) bool: the keys a source's rows may attend (all, for None)
 
     @property
     def batch_size(self) -> int:
         return self.key_mask.shape[0]
+
+    @property
+    def beams(self) -> int:
+        """Rows per source: the self-attention rows over the cross-attention ones."""
+        return self.batch_size // self.src_mask.shape[0]
 
     @property
     def max_len(self) -> int:
@@ -84,6 +101,20 @@ class StaticCache:
             layer.self_keys[:, slots] = layer.self_keys[:, slots].index_select(0, origin)  # (B, written, D)
             layer.self_values[:, slots] = layer.self_values[:, slots].index_select(0, origin)
 
+    def window(self, length: int) -> StaticCache:
+        """The first ``length`` positions of this cache, as views of its buffers (nothing copied):
+        a step on it at a position below ``length`` writes into this cache and reads ``length``
+        slots of keys and values, not ``max_len``. For eager steps; a compiled step takes the
+        whole cache, whose shapes never change."""
+        if not 1 <= checks.check_int("length", length) <= self.max_len:
+            raise ValueError(f"a window's length must lie in [1, max_len={self.max_len}], got {length}")
+        positions = slice(0, length)
+        layers = [StaticLayerCache(layer.self_keys[:, positions], layer.self_values[:, positions],
+                                   layer.cross_keys, layer.cross_values, self.position)
+                  for layer in self.layers]  # (B, length, D) views; the cross keys as they are
+        return StaticCache(self.model, layers, self.position, self.key_mask[:, positions],
+                           self.slots[positions], self.src_mask)
+
     def buffers(self) -> list[Tensor]:
         """Every tensor a step reads or writes: what a CUDA graph must find at the same address."""
         return [self.position, self.key_mask, self.slots, self.src_mask,
@@ -95,26 +126,28 @@ class StaticDecoding:
     target embedding and sinusoid table)."""
 
     def start_static_cache(self, memory: Tensor, src_mask: Tensor | None, max_len: int,
-                           out: StaticCache | None = None) -> StaticCache:
-        """(B, S, D) memory and its key mask -> a ``StaticCache`` of ``max_len`` positions; or
-        ``out``, a cache this model started for the same shapes, refilled in place."""
+                           out: StaticCache | None = None, *, beams: int = 1) -> StaticCache:
+        """(B, S, D) memory and its key mask -> a ``StaticCache`` of ``max_len`` positions and
+        B·``beams`` rows (row i·beams + j the j-th of source i); or ``out``, a cache this model
+        started for the same shapes, refilled in place."""
         checks.check_start(self, memory, src_mask)
         if not 1 <= checks.check_int("max_len", max_len) <= self.config.max_seq_len:
             raise ValueError(f"max_len must lie in [1, max_seq_len={self.config.max_seq_len}], got {max_len}")
+        checks.check_int("beams", beams, low=1)
         batch, src_len, _ = memory.shape
         if src_mask is None:  # a mask of fixed shape all the same: every source key open
             src_mask = memory.new_ones(batch, 1, 1, src_len, dtype=torch.bool)
         src_mask = batch_first(src_mask, batch).expand(-1, -1, 1, src_len)  # (B, 1 or H, 1, S)
         if out is not None:
             self._check_static_cache("out", out)
-            if (out.batch_size, out.max_len, out.src_mask.shape) != (batch, max_len, src_mask.shape):
+            if (out.batch_size, out.max_len, out.src_mask.shape) != (batch * beams, max_len, src_mask.shape):
                 raise ValueError(
-                    f"out holds B={out.batch_size}, max_len={out.max_len} and a src_mask of shape "
-                    f"{tuple(out.src_mask.shape)}, not {batch}, {max_len} and {tuple(src_mask.shape)}; "
-                    "start a new cache")
+                    f"out holds {out.batch_size} rows, max_len={out.max_len} and a src_mask of shape "
+                    f"{tuple(out.src_mask.shape)}, not {batch * beams} (B={batch} x beams={beams}), "
+                    f"{max_len} and {tuple(src_mask.shape)}; start a new cache")
         layers = self.decoder.start_cache(memory)  # the cross-attention keys and values, (B, S, D)
         if out is None:
-            return self._new_static_cache(layers, src_mask, max_len)
+            return self._new_static_cache(layers, src_mask, max_len, beams)
         for layer, start in zip(out.layers, layers, strict=True):
             layer.cross_keys.copy_(start.cross_keys.detach())
             layer.cross_values.copy_(start.cross_values.detach())
@@ -125,9 +158,11 @@ class StaticDecoding:
         out.src_mask.copy_(src_mask)
         return out
 
-    def _new_static_cache(self, layers: list[LayerCache], src_mask: Tensor, max_len: int) -> StaticCache:
-        """Zeroed self-attention buffers (B, max_len, D) beside each layer's cross keys and values."""
-        batch, device = src_mask.shape[0], src_mask.device
+    def _new_static_cache(self, layers: list[LayerCache], src_mask: Tensor, max_len: int,
+                          beams: int) -> StaticCache:
+        """Zeroed self-attention buffers (B·beams, max_len, D) beside each layer's cross keys and
+        values (B, S, D)."""
+        batch, device = src_mask.shape[0] * beams, src_mask.device  # rows
         position = torch.zeros((), dtype=torch.long, device=device)  # ()
         static_layers = [
             # its own memory, outside any autograd graph: a refill writes these in place, which

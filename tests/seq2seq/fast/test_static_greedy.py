@@ -80,6 +80,16 @@ def test_a_decoder_refills_its_cache_for_the_next_batch(copy_model):
         assert (decode.next_token_logp.cache is cache) == (src is second)
 
 
+class ScriptedCache:
+    """A stand-in static cache: it knows its length, and its window is one of the length asked."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def window(self, length: int) -> ScriptedCache:
+        return ScriptedCache(length)
+
+
 class ScriptedStatic(ScriptedModel):
     """greedy's scripted stand-in with a static step: at position t, row b predicts
     ``script[b, t]``. Records the ids and positions each step receives."""
@@ -87,12 +97,14 @@ class ScriptedStatic(ScriptedModel):
     def __init__(self, script: torch.Tensor) -> None:
         super().__init__(script)
         self.steps: list[tuple[list[int], int]] = []
+        self.windows: list[int] = []  # the length of the window each step read
 
-    def start_static_cache(self, memory, src_mask, max_len, out=None):
-        return object()
+    def start_static_cache(self, memory, src_mask, max_len, out=None, beams=1):
+        return ScriptedCache(max_len)
 
     def static_step(self, tgt, position, cache):
         self.steps.append((tgt[:, 0].tolist(), int(position)))
+        self.windows.append(cache.length)
         return F.one_hot(self.script[:, int(position)], self.config.tgt_vocab_size).double()[:, None]
 
     def generator(self, hidden):  # the logits whose log-softmax is ``project``
@@ -115,6 +127,7 @@ def test_rows_stop_at_eos_and_then_hold_padding(from_logits):
     assert torch.equal(tokens, expected)  # stops once the last row has ended: L = 5 < max_len
     # each step reads the previous column (padding after EOS included) at its own position
     assert model.steps == [(expected[:, t].tolist(), t) for t in range(4)]
+    assert model.windows == [1, 2, 3, 4]  # eager: step t reads the t + 1 positions written by then
     assert model.encode_calls == 1 and model.decode_calls == []  # never a whole prefix
 
 
@@ -146,8 +159,14 @@ def test_start_refuses_bad_arguments_by_name():
         model.start_static_cache(memory, src_mask, 8.0)
     with pytest.raises(TypeError, match=r"memory has dtype torch\.float32"):
         model.start_static_cache(memory.float(), src_mask, 8)
-    with pytest.raises(ValueError, match=r"out holds B=2, max_len=8 .* not 2, 9"):
+    with pytest.raises(ValueError, match=r"out holds 2 rows, max_len=8 .* not 2 \(B=2 x beams=1\), 9"):
         model.start_static_cache(memory, src_mask, 9, out=cache)
+    with pytest.raises(ValueError, match=r"out holds 2 rows, .* not 6 \(B=2 x beams=3\), 8"):
+        model.start_static_cache(memory, src_mask, 8, out=cache, beams=3)
+    with pytest.raises(ValueError, match="beams must be at least 1, got 0"):
+        model.start_static_cache(memory, src_mask, 8, beams=0)
+    with pytest.raises(TypeError, match=r"beams must be an int, got float 2\.0"):
+        model.start_static_cache(memory, src_mask, 8, beams=2.0)
     with pytest.raises(TypeError, match="out must be a StaticCache"):
         model.start_static_cache(memory, src_mask, 8, out=model.start_cache(memory, src_mask))
     with pytest.raises(ValueError, match="out was started by another model"):

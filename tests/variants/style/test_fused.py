@@ -4,6 +4,8 @@ kept with the heads merged."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -308,6 +310,72 @@ def test_a_static_step_sees_a_start_token_equal_to_padding(pad_id):
             expected = model.decode(ids[:, : t + 1], memory, None, mask)[:, -1:]
             torch.testing.assert_close(hidden, expected, **FLOAT64_TOL, msg=f"step {t}")
         assert cache.key_mask[:, :4].tolist() == keys.tolist()
+
+
+def test_a_step_on_the_window_reads_only_its_positions_and_writes_into_the_cache():
+    """Four steps on windows of 1..4 positions give the steps on the whole cache; every slot
+    past the window holds NaN, which a step over the whole cache would read (a hidden slot's
+    weight is 0, and 0 x NaN is NaN) and a window's step never does."""
+    config = small_config()
+    model = build("fused", config, seed=0).double().eval()
+    generator = torch.Generator().manual_seed(3)
+    memory = torch.randn(2, 4, config.d_model, generator=generator, dtype=torch.float64)
+    src_mask = torch.tensor([[True, True, True, False], [True] * 4])[:, None, None, :]  # (B, 1, 1, S)
+    ids = torch.tensor([[1, 5, 7, 8], [1, 6, 0, 0]])  # (B, 4): row 1 padded after two ids
+    with torch.no_grad():
+        whole, windowed = (model.start_static_cache(memory, src_mask, 6) for _ in range(2))
+        for layer in windowed.layers:
+            layer.self_keys.fill_(math.nan)
+            layer.self_values.fill_(math.nan)
+        for t in range(4):
+            window = windowed.window(t + 1)
+            assert window.max_len == t + 1 and window.position is windowed.position
+            assert all(layer.self_keys.data_ptr() == full.self_keys.data_ptr()  # views, not copies
+                       for layer, full in zip(window.layers, windowed.layers, strict=True))
+            expected = model.static_step(ids[:, t:t + 1], torch.tensor(t), whole)
+            got = model.static_step(ids[:, t:t + 1], torch.tensor(t), window)
+            torch.testing.assert_close(got, expected, **FLOAT64_TOL, msg=f"step {t}")
+    for layer, full in zip(windowed.layers, whole.layers, strict=True):  # written through the views
+        torch.testing.assert_close(layer.self_keys[:, :4], full.self_keys[:, :4], **FLOAT64_TOL)
+        assert layer.self_values[:, 4:].isnan().all()
+    assert torch.equal(windowed.key_mask, whole.key_mask)
+    with torch.no_grad():  # the same step on the whole cache reads the NaN slots
+        assert model.static_step(ids[:, :1], torch.tensor(0), windowed).isnan().all()
+    with pytest.raises(ValueError, match=r"position must lie in \[0, 2\)"):
+        model.static_step(ids[:, :1], torch.tensor(2), windowed.window(2))
+    for length in (0, 7):
+        with pytest.raises(ValueError, match=rf"length must lie in \[1, max_len=6\], got {length}"):
+            windowed.window(length)
+    with pytest.raises(TypeError, match="length must be an int"):
+        windowed.window(torch.tensor(2))
+
+
+@pytest.mark.parametrize("src_mask_heads", [None, 1, 4], ids=["no-mask", "mask", "per-head-mask"])
+def test_a_beam_cache_keeps_the_memory_once_per_source_and_steps_as_repeated_rows(src_mask_heads):
+    """``beams=3``: the cross keys and values hold one row per source, the self-attention ones
+    three, and each step gives what a cache of the memory repeated once per beam gives (the
+    rows of one source carrying different ids)."""
+    config = small_config()
+    model = build("fused", config, seed=0).double().eval()
+    generator = torch.Generator().manual_seed(4)
+    memory = torch.randn(2, 4, config.d_model, generator=generator, dtype=torch.float64)  # 2 sources
+    src_mask = None
+    if src_mask_heads is not None:
+        src_mask = torch.rand(2, src_mask_heads, 1, 4, generator=generator) > 0.3
+        src_mask[..., 0] = True  # every head keeps a key
+    ids = torch.randint(3, config.tgt_vocab_size, (6, 3), generator=generator)  # (B·3, 3 steps)
+    ids[:, 0] = 1
+    repeated_mask = None if src_mask is None else src_mask.repeat_interleave(3, dim=0)
+    with torch.no_grad():
+        grouped = model.start_static_cache(memory, src_mask, 5, beams=3)
+        repeated = model.start_static_cache(memory.repeat_interleave(3, dim=0), repeated_mask, 5)
+        assert grouped.batch_size == 6 and grouped.beams == 3 and repeated.beams == 1
+        assert all(layer.cross_keys.shape == (2, 4, config.d_model)
+                   and layer.self_keys.shape == (6, 5, config.d_model) for layer in grouped.layers)
+        for t in range(3):
+            expected = model.static_step(ids[:, t:t + 1], torch.tensor(t), repeated)
+            got = model.static_step(ids[:, t:t + 1], torch.tensor(t), grouped.window(t + 1))
+            torch.testing.assert_close(got, expected, **FLOAT64_TOL, msg=f"step {t}")
 
 
 # --- which SDPA kernel runs -------------------------------------------------------------------
