@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --static --compile-step: inductor freezing (the weights prepacked "
                         "as constants of the compiled step), the fast decoding path")
     parser.add_argument("--onednn", action="store_true",
-                        help="with --static: the decoder's linears on oneDNN, weights packed once")
+                        help="with --static: the model's linears on oneDNN, weights packed once")
     parser.add_argument("--bandwidth-mib", type=positive(int),
                         help="the buffer the read bandwidth is measured on (default: 4x the last-level "
                         "cache, at least 256 MiB)")
@@ -199,7 +199,7 @@ class Levers:
     compile_step: bool = False  # the cached step through torch.compile (inductor, default mode)
     static: bool = False  # fused's static-shape step (preallocated cache) instead of the growing one
     freezing: bool = False  # with compile_step and static: inductor freezing (weights prepacked)
-    onednn: bool = False  # with static: the decoder's linears on oneDNN (seq2seq.fast.onednn)
+    onednn: bool = False  # with static: the model's linears on oneDNN (seq2seq.fast.onednn)
 
     def describe(self) -> str:
         parts = ["static" if self.static else "growing cache", f"generator {self.generator_layout}"]

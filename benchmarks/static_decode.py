@@ -8,7 +8,7 @@ with a static step) in each ``--modes`` entry ("eager", or a torch.compile mode:
 "reduce-overhead", which on CUDA captures the step as a CUDA graph), beside ``greedy_decode``
 (``beam_search``) with the growing cache as the baseline, on one batch of random seeded weights.
 ``--freezing`` adds each compiled mode with inductor freezing (refused without a compiled mode);
-``--onednn`` an eager row with the decoder's linears on oneDNN (``seq2seq.fast.onednn``, CPU
+``--onednn`` an eager row with the model's linears on oneDNN (``seq2seq.fast.onednn``, CPU
 float32); ``--log-probs`` each greedy row with its argmax over the log-probabilities instead of
 the logits. Each row first decodes twice untimed (compiling, then recording its graph), then is
 timed by ``torch.utils.benchmark`` (which synchronises CUDA); the rows run one after another, so
@@ -57,7 +57,7 @@ class StaticDecodeSettings:
     searches: tuple[str, ...] = ("greedy",)  # "greedy", "beam" (beam 4): each its own rows
     freezing: bool = False  # each compiled mode frozen too, a row each
     log_probs: bool = False  # each greedy row with the argmax of the log-probs too
-    onednn: bool = False  # an eager row with the decoder's linears on oneDNN (CPU float32)
+    onednn: bool = False  # an eager row with the model's linears on oneDNN (CPU float32)
 
 
 def decoders(settings: StaticDecodeSettings, model: torch.nn.Module, src: torch.Tensor,
@@ -130,7 +130,7 @@ def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
     parser.add_argument("--freezing", action="store_true",
                         help="each compiled mode with inductor freezing too")
     parser.add_argument("--onednn", action="store_true",
-                        help="an eager row with the decoder's linears on oneDNN (CPU float32)")
+                        help="an eager row with the model's linears on oneDNN (CPU float32)")
     parser.add_argument("--log-probs", action="store_true",
                         help="each greedy row with the argmax of the log-probs too (the lever)")
     args = parser.parse_args(argv)

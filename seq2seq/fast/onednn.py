@@ -1,5 +1,5 @@
-"""The decoder's linears on oneDNN's matrix product, with weights packed once: a lever of the
-fast decoding path (``seq2seq.fast.static_search``), for a float32 model on the CPU.
+"""A model's linears on oneDNN's matrix product, with weights packed once: a lever of the fast
+decoding path (``seq2seq.fast.static_search``), for a float32 model on the CPU.
 
     fast = with_onednn_linears(model.eval())   # a copy; ``model`` is left as it is
     StaticGreedy(fast, max_len=65, bos_id=1, eos_id=2)(src, src_mask)
@@ -13,16 +13,19 @@ is faster depends on the CPU: measured in docs/decoding.md.
 With ``dtype=torch.bfloat16`` the packed weights are bfloat16: each product rounds its input to
 bfloat16, sums in float32 inside oneDNN, and hands back float32, so everything between the
 linears (attention over the cache, the norms, the softmax) stays float32. A decode step streams
-every weight once, so half the bytes is the lever; on a CPU without native bfloat16
+every weight once, so half the bytes is the lever, and the encoder's products, over every source
+position at once, run on the CPU's bfloat16 instructions; on a CPU without native bfloat16
 (``common.bfloat16``) the same values come slower. How far its tokens agree with float32's is
 measured in docs/results/cpu-bf16.md.
 
-What it serves: a model whose ``decoder`` and ``generator`` are modules built of ``nn.Linear``
-(of the registered variants, fused: the row compare.py's onednn row and the static decoders'
-``onednn`` use); any other model is a ``ValueError`` naming what it lacks (explicit and einsum
-have no ``generator``, torch no ``decoder``, mathfirst holds its weights as bare parameters),
-never a copy with nothing packed. The copy is a snapshot: it holds the weights as they were when
-it was built, and goes on computing with them after the model's change; build a new one then.
+What it serves: a model whose ``encoder``, ``decoder`` and ``generator`` are modules built of
+``nn.Linear`` (of the registered variants, fused: the row compare.py's onednn row and the static
+decoders' ``onednn`` use); any other model is a ``ValueError`` naming what it lacks (explicit and
+einsum have no ``generator``, torch no ``decoder``, mathfirst holds its weights as bare
+parameters), never a copy with nothing packed. The encoder runs once per batch, the decoder and
+generator once per step: every linear of a decode. The copy is a snapshot: it holds the weights
+as they were when it was built, and goes on computing with them after the model's change; build
+a new one then.
 It is for inference only: the copy's parameters do not require grad, and a packed linear refuses
 an input that requires grad while grad is enabled (oneDNN's packed product has no backward).
 
@@ -39,8 +42,8 @@ from torch import Tensor, nn
 
 from common.checks import model_device, model_dtype
 
-STEP_MODULES = ("decoder", "generator")  # the modules a decode step runs: their linears are packed
-SERVED = "the fused row (variants.fused)"  # the registered variant whose step modules are nn.Linear
+PACKED_MODULES = ("encoder", "decoder", "generator")  # the modules a decode runs: their linears are packed
+SERVED = "the fused row (variants.fused)"  # the registered variant whose modules hold nn.Linear
 
 
 PACKED_DTYPES = (torch.float32, torch.bfloat16)  # the weights' dtypes a packed linear can hold
@@ -73,24 +76,25 @@ class OneDnnLinear(nn.Module):
 
 
 def with_onednn_linears(model: nn.Module, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """A copy of ``model`` (CPU, float32) whose decoder and generator ``nn.Linear`` modules are
-    ``OneDnnLinear`` with weights packed in ``dtype`` (float32 or bfloat16): a snapshot of its
-    weights, for inference. ``ValueError`` where oneDNN cannot run them, or where the model has
-    no decoder and generator built of ``nn.Linear`` (every registered variant but fused)."""
+    """A copy of ``model`` (CPU, float32) whose encoder, decoder and generator ``nn.Linear``
+    modules are ``OneDnnLinear`` with weights packed in ``dtype`` (float32 or bfloat16): a
+    snapshot of its weights, for inference. ``ValueError`` where oneDNN cannot run them, or where
+    the model has no encoder, decoder and generator built of ``nn.Linear`` (every registered
+    variant but fused)."""
     if dtype not in PACKED_DTYPES:
         raise ValueError(f"with_onednn_linears packs weights in {' or '.join(map(str, PACKED_DTYPES))}, "
                          f"got {dtype!r}")
     if dtype not in packable_dtypes():
         raise ValueError(f"oneDNN has no {dtype} kernels on this CPU (they need AVX-512): pack in float32")
     if problem := unpackable(model):
-        raise ValueError(f"with_onednn_linears serves {SERVED}, whose decoder and generator are built of "
+        raise ValueError(f"with_onednn_linears serves {SERVED}, whose encoder, decoder and generator hold "
                          f"nn.Linear: {type(model).__module__}.{type(model).__qualname__} {problem}")
     device, model_precision = model_device(model), model_dtype(model)
     if device.type != "cpu" or model_precision != torch.float32 or not torch.backends.mkldnn.is_available():
         raise ValueError(f"oneDNN linears need a float32 model on a CPU with oneDNN (mkldnn available: "
                          f"{torch.backends.mkldnn.is_available()}), got {model_precision} on {device}")
     packed = copy.deepcopy(model).requires_grad_(False)  # inference only: no graph through the copy
-    for prefix in STEP_MODULES:
+    for prefix in PACKED_MODULES:
         root = packed.get_submodule(prefix)
         linears = [(name, module) for name, module in root.named_modules() if isinstance(module, nn.Linear)]
         for name, module in linears:
@@ -103,12 +107,12 @@ def with_onednn_linears(model: nn.Module, dtype: torch.dtype = torch.float32) ->
 
 
 def unpackable(model: nn.Module) -> str | None:
-    """Why ``model`` has no decoder and generator linears to pack (as words after its class
-    name), or None."""
-    missing = [name for name in STEP_MODULES if not isinstance(getattr(model, name, None), nn.Module)]
+    """Why ``model`` has no encoder, decoder and generator linears to pack (as words after its
+    class name), or None."""
+    missing = [name for name in PACKED_MODULES if not isinstance(getattr(model, name, None), nn.Module)]
     if missing:
         return f"has no {' and no '.join(missing)} module"
-    empty = [name for name in STEP_MODULES
+    empty = [name for name in PACKED_MODULES
              if not any(isinstance(module, nn.Linear) for module in model.get_submodule(name).modules())]
     if empty:
         return f"holds no nn.Linear in its {' and '.join(empty)} (0 linears to pack)"

@@ -24,10 +24,10 @@ far (``StaticCache.window``: the same buffers, so a step reads t slots, not ``ma
 otherwise it is ``torch.compile``'s mode, with ``freezing`` inductor's freezing on top: the
 weights become constants of the compiled graph, on CPU packed for the step's matrix products
 (the cache is then not marked as of static address, which freezing would fold in too).
-``onednn`` (CPU float32) decodes on a copy whose decoder and generator linears run oneDNN's
-product on weights packed once (``seq2seq.fast.onednn``), in ``onednn_dtype`` (float32, or
-bfloat16: half the bytes a step streams): build a new decoder after changing the model's
-weights.
+``onednn`` (CPU float32) decodes on a copy whose linears (encoder, decoder, generator) run
+oneDNN's product on weights packed once (``seq2seq.fast.onednn``), in ``onednn_dtype``
+(float32, or bfloat16: half the bytes a step streams): build a new decoder after changing the
+model's weights.
 
 A decoder checks its settings once, when built (the model, ``max_len``, the special ids, the
 beam, the compile options: ``check_arguments``, ``check_beam_arguments``), and at each call only

@@ -1,6 +1,6 @@
-"""The oneDNN lever of the fast decoding path: a packed copy whose decoder and generator linears
-compute nn.Linear's product (to float32 rounding), leaving the model and its encoder as they
-were; decoding on it gives the eager decoders' tokens; refused where oneDNN cannot run it."""
+"""The oneDNN lever of the fast decoding path: a packed copy whose linears (encoder, decoder and
+generator) compute nn.Linear's product (to float32 rounding), leaving the model as it was;
+decoding on it gives the eager decoders' tokens; refused where oneDNN cannot run it."""
 
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ def test_a_packed_linear_computes_the_linears_product():
     torch.testing.assert_close(OneDnnLinear(linear)(x).double(), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_only_the_decoder_and_generator_linears_are_packed_in_a_copy():
+def test_every_linear_of_the_encoder_decoder_and_generator_is_packed_in_a_copy():
     model = build("fused", small_config(dropout=0.0), seed=0).eval()
     before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
     packed = with_onednn_linears(model)
     kinds = {name: type(module) for name, module in packed.named_modules()}
     linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-    assert linears and all(kinds[name] is (OneDnnLinear if name.startswith(("decoder.", "generator"))
-                                           else nn.Linear) for name in linears)
-    assert any(name.startswith("encoder.") for name in linears)
+    assert {name.split(".")[0] for name in linears} == {"encoder", "decoder", "generator"}
+    assert all(kinds[name] is OneDnnLinear for name in linears)
+    assert not any(type(module) is nn.Linear for module in packed.modules())  # none left unpacked
     assert all(type(module) is not OneDnnLinear for module in model.modules())  # the model is left
     assert all(torch.equal(model.state_dict()[name], value) for name, value in before.items())
 
@@ -69,13 +69,13 @@ def test_onednn_is_refused_where_it_cannot_run():
 
 
 @pytest.mark.parametrize("variant", ["explicit", "einsum", "mathfirst", "torch"])
-def test_a_model_without_packable_decoder_and_generator_linears_is_refused_by_name(variant):
-    """Only fused has a decoder and a generator made of nn.Linear modules (the row compare.py's
+def test_a_model_without_packable_linears_is_refused_by_name(variant):
+    """Only fused has an encoder, a decoder and a generator made of nn.Linear modules (the row compare.py's
     onednn row and the static decoders' onednn serve); the others are refused up front, never
     handed back as a copy with nothing packed."""
     model = build(variant, small_config(dropout=0.0), seed=0).eval()
     refused = (r"with_onednn_linears serves the fused row .*: variants\.\S+\.Transformer "
-               r"(has no (decoder|generator) module|holds no nn\.Linear)")
+               r"(has no (encoder|decoder|generator)( and no \w+)* module|holds no nn\.Linear)")
     with pytest.raises(ValueError, match=refused):
         with_onednn_linears(model)
 
