@@ -156,7 +156,7 @@ class StaticNextToken:
         continue a row of its own source (beam search's rule)."""
         self.origin.copy_(origin)
 
-    def read(self, tokens: Tensor) -> object:
+    def step_cache(self, tokens: Tensor) -> object:
         """The cache the step after ``tokens`` (B, L) steps on: compiled, the whole cache (its
         shapes never change); eager, its window of the L positions written by then (the step's
         own included), so the step attends over L slots, not ``max_len``."""
@@ -172,15 +172,15 @@ class StaticNextToken:
     def __call__(self, tokens: Tensor) -> Tensor:
         self.feed(tokens)
         if not self.reorders:
-            return self.step(self.last, self.position, self.read(tokens))  # (B, V)
+            return self.step(self.last, self.position, self.step_cache(tokens))  # (B, V)
         # eager, only the slots written so far move; compiled, every slot (its shapes stay)
         written = None if self.compiled else tokens.shape[1] - 1
-        return self.step(self.last, self.position, self.origin, self.read(tokens), written)  # (B, V)
+        return self.step(self.last, self.position, self.origin, self.step_cache(tokens), written)  # (B, V)
 
     def next_ids(self, tokens: Tensor) -> Tensor:
         """(B, L) prefixes -> (B,) the most likely next ids (greedy decoding)."""
         self.feed(tokens)
-        return self.ids_step(self.last, self.position, self.read(tokens))  # (B,)
+        return self.ids_step(self.last, self.position, self.step_cache(tokens))  # (B,)
 
 
 class StaticGreedy:

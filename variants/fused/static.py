@@ -62,8 +62,8 @@ class StaticLayerCache(LayerCache):
 @dataclass
 class StaticCache:
     """Everything a static step reads besides its new ids, in buffers that keep their shape:
-    ``batch_size`` rows of self-attention keys (``beams`` per source) over the cross-attention
-    keys of ``batch_size // beams`` sources."""
+    ``batch_size`` rows of self-attention keys (k per source, in a beam cache) beside the
+    cross-attention keys of the sources, one row each."""
 
     model: weakref.ref  # the model whose layout and weights these are
     layers: list[StaticLayerCache]  # per decoder layer; their ``position`` is ``position`` below
@@ -75,11 +75,6 @@ class StaticCache:
     @property
     def batch_size(self) -> int:
         return self.key_mask.shape[0]
-
-    @property
-    def beams(self) -> int:
-        """Rows per source: the self-attention rows over the cross-attention ones."""
-        return self.batch_size // self.src_mask.shape[0]
 
     @property
     def max_len(self) -> int:
