@@ -31,26 +31,15 @@ from tabulate import tabulate
 from common.cli import Parser, config_or_exit, error_line, positive, seed_int
 from common.config import ACTIVATIONS, DECODER_STARTS, POSITIONS, TransformerConfig
 from variants import REFERENCE, VARIANTS, SpecError, build, variant_argument, variant_class
-from variants.check.battery import (
-    CONFIG,
-    MASK_HINT,
-    MIN_VOCAB,
-    MODES,
-    STEPS,
-    Result,
-    absent_line,
-    explain_first,
-    explained,
-    locate,
-    mode_name,
-    run_battery,
-    short,
-    still_drops,
-)
+from variants.check.adapter import drafting
+from variants.check.battery import run_battery
+from variants.check.diagnose import MASK_HINT, explain_first, explained, locate, still_drops
 from variants.check.divergence import first_divergence, number, precision_notes
-from variants.check.outside import NORM_MODES, drafting, protocol
+from variants.check.harness import CONFIG, MIN_VOCAB, MODES, STEPS, Result, absent_line, mode_name, short
+from variants.check.outside import NORM_MODES, protocol
+from variants.check.patterns import as_python
 from variants.check.sites import REFERENCES, P
-from variants.check.suggest import as_python, draft
+from variants.check.suggest import draft
 
 NORM_CHOICES = {"post": ("post",), "pre": ("pre",), "both": MODES}
 

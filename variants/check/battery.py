@@ -14,176 +14,49 @@ point) passes with that note (``Result.precision``): a correct model with a floa
 failed. A failed forward carries a hint where the output suggests one (logits, NaN behind a -inf
 fill, a flat output, an extra axis from a mask broadcast in the model's forward); the
 dropout-sites check compares where dropout is applied in train mode with a named reference's
-sites (``variants.check.sites``). An error raised inside the model is reported
-with the file and line it came from and, where its text suggests one, a likely cause (for masks
-a decoder reads swapped, found by trying the swap). Nothing here prints.
+sites (``variants.check.sites``). The diagnosis of a failed check (where, why) is
+``variants.check.diagnose``; the models and the ``Result`` rows, ``variants.check.harness``.
+Nothing here prints.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import dataclasses
-import math
-import re
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
-from common.cli import error_line
 from common.config import TransformerConfig
 from common.masks import padding_mask
-from common.probes import Probe, resolve_probes
+from common.probes import resolve_probes
 from common.random_batch import Batch, random_batch
-from common.weights import canonical_shapes, export_gradients, export_weights, import_weights, init_canonical
+from common.weights import canonical_shapes, export_gradients, export_weights, import_weights
 from variants import REFERENCE, SpecError, build
 from variants.check import sites
-from variants.check.divergence import (
-    ROUNDING_FACTOR,
-    Float32Watch,
-    PointDifference,
-    compare_points,
-    model_frame,
-    number,
-    precision_notes,
+from variants.check.adapter import absent_weights
+from variants.check.diagnose import MASK_HINT, explained, hint_for, output_hint, rounding_only, swap_masks
+from variants.check.divergence import ROUNDING_FACTOR, Float32Watch
+from variants.check.harness import (
+    CONFIG,
+    FORWARD_RUNS,
+    MASKED_ROW,
+    MASKED_ROW_EXPECTED,
+    MIN_VOCAB,
+    MODES,
+    STEPS,
+    Case,
+    Result,
+    battery_weights,
+    compared,
+    held_at_zero,
+    mode_of,
+    pair,
+    supported_configs,
 )
-from variants.check.explain import Explanation, explain
-from variants.check.outside import NORM_MODES, SIGNATURES, absent_weights, own_stage
-from variants.check.tolerances import FLOAT32, FLOAT64, LOSSES, Tolerance
-
-# whose output is a fully masked row's expected value (the reference's is NaN there, by design):
-# the first, or the second when the first is the one under check
-MASKED_ROW_EXPECTED = ("explicit", "mathfirst")
-# d_ff an integer multiple of d_model (a model may build its FFN as expansion * d_model), and
-# two vocabularies of different sizes, so a swapped one cannot pass
-CONFIG = TransformerConfig(d_model=32, n_heads=4, n_layers=2, d_ff=128, dropout=0.0, src_vocab_size=23,
-                           tgt_vocab_size=19, max_seq_len=40)
-SHAPES = ((3, 7, 5), (2, 4, 9))  # (B, S, T): S > T and S < T; row r of a batch ends in r pads
-MIN_VOCAB = 2  # the batches hold padding and real tokens: at least one id beside pad_id
-STEPS = 3  # lockstep Adam steps (adam_step)
-MASKED_ROW = 1  # the batch row whose source is padding only
-MODES = tuple(NORM_MODES)  # ("post", "pre"): the order the modes run in
-
-
-# the forward checks of each mode: (dtype, batch shapes, tolerance)
-FORWARD_RUNS = ((torch.float64, SHAPES, FLOAT64), (torch.float32, SHAPES[:1], FLOAT32))
-
-
-@dataclass(frozen=True)
-class Case:
-    """One forward comparison, as the finder reruns it."""
-
-    against: str
-    config: TransformerConfig
-    dtype: torch.dtype
-    inputs: tuple[Tensor, Tensor, Tensor, Tensor]  # src, tgt, src_mask, tgt_mask
-    tolerance: Tolerance
-
-
-@dataclass(frozen=True)
-class Result:
-    check: str
-    passed: bool | None  # None: skipped, or a mode the class does not support
-    max_abs: float | None = None
-    tolerance: str = ""  # as printed
-    detail: str = ""  # why it failed or was skipped
-    case: Case | None = None  # a forward check's, for the finder
-    bound: Tolerance | None = None  # the tolerance itself, as data
-    config: TransformerConfig | None = None  # the config it ran under
-    precision: bool = False  # passed as float32 rounding only: past tolerance, within the rounding
-
-
-def mode_name(mode: str) -> str:
-    return f"{mode}-norm"
-
-
-def mode_of(config: TransformerConfig) -> str:
-    return mode_name("pre" if config.norm_first else "post")
-
-
-def short(name: str) -> str:
-    """A spec's class name (a registered name as it is)."""
-    return name.rpartition(":")[2]
-
-
-def battery_weights(config: TransformerConfig, seed: int) -> dict[str, Tensor]:
-    """``init_canonical``'s weights with every bias and LayerNorm gain and shift drawn at random
-    too, so a model that drops, swaps or misplaces any tensor computes something else."""
-    state = init_canonical(config, seed)
-    generator = torch.Generator().manual_seed(seed + 1)
-    for name, tensor in state.items():
-        if tensor.ndim == 1:
-            state[name] = tensor + 0.2 * torch.randn(tensor.shape, generator=generator)
-    return state
-
-
-def held_at_zero(model: nn.Module) -> tuple[str, ...]:
-    """The canonical biases ``model`` declares absent: both models hold them at zero, and the
-    gradient checks leave them out. An absent weight that is not a bias (a norm's gain, a
-    matrix) is not zero in a model that lacks it, so it stays a real difference."""
-    return tuple(name for name in absent_weights(model) if name.endswith(".bias"))
-
-
-def absent_line(spec: str, config: TransformerConfig) -> str:
-    """One line on the weights ``spec``'s map declares absent (None), and how each is checked;
-    "" if none."""
-    model = build(spec, config)
-    zeroed = held_at_zero(model)
-    kept = [name for name in absent_weights(model) if name not in zeroed]
-    parts = []
-    if zeroed:
-        parts.append(f"{len(zeroed)} biases, held at zero in both models and left out of the gradient checks "
-                     f"({', '.join(zeroed[:2])}{', ...' if len(zeroed) > 2 else ''})")
-    if kept:
-        parts.append(f"{len(kept)} weights, compared as they are (a model without them computes something "
-                     f"else): {', '.join(kept)}")
-    return f"declared absent (None in the weight map): {'; '.join(parts)}" if parts else ""
-
-
-def pair(spec: str, against: str, config: TransformerConfig, seed: int) -> tuple[nn.Module, nn.Module]:
-    """``spec`` and ``against`` built for ``config`` with the same weights, float32, eval mode.
-    Parameters outside the canonical set (``extra_parameters``) get the same draw every run; the
-    biases ``spec`` declares absent are zero in both."""
-    state = battery_weights(config, seed)
-    models = []
-    for name in (spec, against):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            model = build(name, config)
-        for absent in held_at_zero(model):
-            state[absent] = torch.zeros_like(state[absent])
-        models.append(model)
-    for model in models:
-        import_weights(model, state)
-        model.eval()
-    return models[0], models[1]
-
-
-def supported_configs(spec: str, config: TransformerConfig, modes: tuple[str, ...]
-                      ) -> tuple[list[TransformerConfig], list[Result]]:
-    """``config`` in each of ``modes`` that ``spec`` can be built in, and a "not supported" row for
-    each other. SpecError if it supports none of them."""
-    configs, unsupported = [], []
-    for mode in modes:
-        mode_config = config.replace(norm_first=NORM_MODES[mode])
-        try:
-            build(spec, mode_config)
-        except NotImplementedError as error:
-            why = str(error).strip() or "NotImplementedError"
-            unsupported.append(Result(f"{mode_name(mode)}: every check", None, detail=f"not supported: {why}",
-                                      config=mode_config))
-            continue
-        configs.append(mode_config)
-    if not configs:
-        reasons = "; ".join(f"{r.check.partition(':')[0]} {r.detail}" for r in unsupported)
-        raise SpecError(f"{spec}: can be built in none of the norm modes asked for ({reasons})")
-    return configs, unsupported
+from variants.check.tolerances import FLOAT64, LOSSES, Tolerance
 
 
 def run_battery(spec: str, against: str = REFERENCE, seed: int = 0, config: TransformerConfig = CONFIG,
@@ -227,77 +100,6 @@ def run_battery(spec: str, against: str = REFERENCE, seed: int = 0, config: Tran
     return [attempt(*check) for check in checks] + skipped
 
 
-def locate(spec: str, case: Case, seed: int = 0) -> list[PointDifference]:
-    """The failed forward ``case`` rerun point by point: where ``spec`` and ``case.against`` part.
-    In float64, each point also carries the reference's own float32 rounding there."""
-    subject, other = pair(spec, case.against, case.config, seed)
-    other_float32 = copy.deepcopy(other) if case.dtype == torch.float64 else None
-    subject, other = subject.to(case.dtype), other.to(case.dtype)
-    return compare_points(subject, other, case.inputs, names=(short(spec), short(case.against)),
-                          b_float32=other_float32, stand_ins=(stand_ins(subject), stand_ins(other)))
-
-
-def explain_first(spec: str, case: Case, seed: int, differences: list[PointDifference]) -> str:
-    """The explanation of the first divergence in ``differences`` (``variants.check.explain``),
-    as one line; "" where there is none to try."""
-    first = next((d for d in differences if d.diverges(case.tolerance.atol)), None)
-    if first is None:
-        return ""
-    subject, other = (model.double() for model in pair(spec, case.against, case.config, seed))
-    found = explain(subject, other, case.inputs, (stand_ins(subject), stand_ins(other)), first,
-                    FLOAT64.atol if case.dtype == torch.float64 else case.tolerance.atol)
-    return found.line() if isinstance(found, Explanation) else found
-
-
-def stand_ins(model: nn.Module) -> dict[str, Probe]:
-    """Where to probe the final norms a model's maps declare absent (its probe map None, its
-    weight map None for the norm's weights): the last layer's output, read as its own probe reads
-    it (its call, its item of a tuple), never a later module's (a decoder that goes on to project,
-    or returns more than its hidden state)."""
-    if not hasattr(type(model), "probe_map"):
-        return {}
-    probes, absent = resolve_probes(model), set(absent_weights(model))
-    found = {}
-    for stack in ("encoder", "decoder"):
-        point, last = f"{stack}.norm", probes.get(f"{stack}.layers.{model.config.n_layers - 1}")
-        if probes.get(point, last) is not None or f"{point}.weight" not in absent or last is None:
-            continue
-        found[point] = last
-    return found
-
-
-# --- errors raised inside the model ---------------------------------------------------------
-
-EXPECTED_CALLS = ", ".join(f"{stage}({', '.join(names)})" for stage, names in SIGNATURES.items())
-MASK_LAYOUT = ("src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T), bool, True = may attend; "
-               "a model written for (B, 1, S) masks adds an axis of its own")
-MASK_HINT = f"check the masks: the suite passes {MASK_LAYOUT}"
-HINTS = (  # (what the error says, the likely cause)
-    (re.compile(r"'indices'.*(Bool|Float|Double)|embedding.*(Bool|Float|Double)", re.S),
-     f"an embedding got a mask or hidden states for ids: check the argument order; the suite calls "
-     f"{EXPECTED_CALLS}"),
-    (re.compile(r"must match the size of tensor|shape mismatch|not broadcastable|cannot broadcast"
-                r"|invalid for input of size|doesn't match the broadcast shape", re.I),
-     MASK_HINT),
-)
-
-
-def where_raised(error: BaseException) -> str:
-    """``file:line in function`` of the innermost frame of the model's own code (not torch's, not
-    the suite's) that ``error`` passed through; "" if none did."""
-    return model_frame(traceback.extract_tb(error.__traceback__))
-
-
-def hint_for(error: BaseException) -> str:
-    """The likely cause of an error raised inside a model, where its text suggests one."""
-    return next((hint for pattern, hint in HINTS if pattern.search(str(error))), "")
-
-
-def explained(error: BaseException, hint: bool = True) -> str:
-    """One line: the error, where in the model's code it was raised, and a hint."""
-    place, hint = where_raised(error), hint_for(error) if hint else ""
-    return error_line(error) + (f" (at {place})" if place else "") + (f"; hint: {hint}" if hint else "")
-
 
 def attempt(check: str, tolerance: Tolerance | None, config: TransformerConfig | None,
             run: Callable[[], Result]) -> Result:
@@ -338,142 +140,6 @@ def forward(spec: str, case: Case, seed: int, check: str) -> Result:
             result = dataclasses.replace(result, passed=True, precision=True, detail=rounding)
     return result
 
-
-def rounding_only(spec: str, case: Case, seed: int) -> str:
-    """Why the failed float64 ``case`` is float32 rounding and nothing else, "" if it is not: rerun
-    point by point, every point that departs from the reference does so within the reference's
-    own float32 rounding there, with float32 on the model's path (``Float32Watch``), the output
-    included."""
-    try:
-        differences = locate(spec, case, seed)
-    except Exception:  # no probe map, or a model the finder cannot rerun: not judged, it stays failed
-        return ""
-    tolerance = case.tolerance.atol
-    output = next((d for d in differences if d.point == "generator"), None)
-    if (output is None or not output.departs(tolerance) or not output.within_rounding()
-            or any(d.diverges(tolerance) for d in differences)):
-        return ""
-    (note,) = precision_notes(differences, tolerance) or (
-        f"{output.point} differs by {number(output.max_abs)}",)
-    return (f"float32 rounding only: {note}; every point within {ROUNDING_FACTOR:g}x the reference's own "
-            f"float32 rounding there")
-
-
-def output_hint(model: nn.Module, case: Case, actual: Tensor, expected: Tensor) -> str:
-    """The likely cause of a failed forward, read from the output: a flat (B·T, V) tensor, an extra
-    axis a mask broadcast into it, logits where log-probabilities belong, NaN behind a -inf fill."""
-    batch, length = case.inputs[1].shape
-    vocab = case.config.tgt_vocab_size
-    if actual.shape == (batch * length, vocab):
-        return (f"a flat (B·T, V) output: return (B, T, V) log-probabilities, e.g. log_probs.view({batch}, "
-                f"{length}, -1) for this batch (the gradient and training checks reshape it to go on)")
-    if actual.ndim > expected.ndim:
-        return broadcast_hint(model, case, tuple(actual.shape), tuple(expected.shape))
-    if actual.shape != expected.shape or not actual.is_floating_point():
-        return ""
-    nan = torch.isnan(actual) & ~torch.isnan(expected)
-    if nan.any():
-        with FillWatch() as fills, torch.no_grad():
-            model(*case.inputs)
-        positions = int(nan.any(-1).sum())
-        if any(value == -math.inf for value in fills.values):
-            return (f"NaN at {positions} positions: masked scores are filled with -inf, so a row with no "
-                    f"key to attend to (a source of padding only) is softmax of -inf everywhere; fill with "
-                    f"torch.finfo(scores.dtype).min")
-        return (f"NaN at {positions} positions where the reference is finite "
-                f"(a row with nothing to attend to?)")
-    finite = actual[torch.isfinite(actual).all(-1)].double()
-    if finite.numel():
-        total = finite.logsumexp(-1).abs().max().item()
-        if total > 1e-6 if case.dtype == torch.float64 else total > 1e-3:
-            return (f"the rows' logsumexp is up to {total:.2g}, not 0: logits, not log-probabilities; "
-                    f"end with log_softmax(dim=-1)")
-    return ""
-
-
-def broadcast_hint(model: nn.Module, case: Case, actual: tuple[int, ...], expected: tuple[int, ...]) -> str:
-    """Where a mask grew the model's tensors by an axis (``BroadcastWatch``), for an output with
-    more axes than the reference's; "" where no mask did."""
-    with BroadcastWatch() as watch, torch.no_grad(), contextlib.suppress(Exception):
-        model(*case.inputs)  # it ran in the forward check already: only what the watch sees matters
-    if watch.found is None:
-        return ""
-    name, tensor, mask, out, place = watch.found
-    fix = (": scores of one head, (B, T_query, T_key), take src_mask[:, 0] and tgt_mask[:, 0]"
-           if len(tensor) == 3 else "")
-    return (f"the output is {actual} where the reference's is {expected}: {name}"
-            f"{f' at {place}' if place else ''} broadcast a {tensor} tensor against a {mask} mask to {out}, "
-            f"and nothing raised; the model's masks have another layout: the suite passes src_mask "
-            f"(B, 1, 1, S) and tgt_mask (B, 1, T, T){fix}")
-
-
-class BroadcastWatch(TorchFunctionMode):
-    """The first operation of a forward pass whose output has more axes than the tensor it works
-    on because a boolean mask with more axes broadcast it: (operation, the tensor's shape, the
-    mask's, the output's, where in the model's code)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.found: tuple[str, tuple, tuple, tuple, str] | None = None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if self.found is None and isinstance(out, Tensor):
-            tensors = [item for item in (*args, *(kwargs or {}).values()) if isinstance(item, Tensor)]
-            masks = [t for t in tensors if t.dtype == torch.bool and t.ndim == out.ndim]
-            if tensors and tensors[0].dtype != torch.bool and masks and out.ndim > tensors[0].ndim:
-                name = getattr(func, "__name__", str(func))
-                self.found = (name, tuple(tensors[0].shape), tuple(masks[0].shape), tuple(out.shape),
-                              model_frame(traceback.extract_stack()[:-1]))
-        return out
-
-
-class FillWatch(TorchFunctionMode):
-    """The values a forward pass fills masked scores with (``masked_fill``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.values: list[float] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.Tensor.masked_fill, torch.Tensor.masked_fill_, torch.masked_fill):
-            value = args[2] if len(args) > 2 else kwargs.get("value")
-            if isinstance(value, (int, float)):
-                self.values.append(float(value))
-        return func(*args, **kwargs)
-
-
-def swap_masks(model: nn.Module, inputs: tuple[Tensor, ...], expected: Tensor) -> str:
-    """Whether the model runs once src_mask and tgt_mask trade places in its own decode: a
-    decoder that reads them the other way round. "" if it has no own decode or still fails."""
-    decode, encode, project = (own_stage(model, stage) for stage in ("decode", "encode", "project"))
-    if decode is None or encode is None or project is None:
-        return ""
-    src, tgt, src_mask, tgt_mask = inputs
-    try:
-        log_probs = project(decode(tgt, encode(src, src_mask), tgt_mask, src_mask))
-    except Exception:
-        return ""
-    agrees = ""
-    if log_probs.shape == expected.shape:
-        agrees = (f", and then agrees with the reference to "
-                  f"{number((log_probs - expected).abs().max().item())}")
-    return (f"with src_mask and tgt_mask exchanged in decode the model runs{agrees}: its decoder reads the "
-            f"masks the other way round; the self-attention takes tgt_mask, the cross-attention src_mask")
-
-
-def compared(check: str, actual: Tensor, expected: Tensor, tolerance: Tolerance, case: Case | None = None,
-             ) -> Result:
-    """``actual`` against ``expected`` within ``tolerance``, everywhere."""
-    config = case.config if case is not None else None
-    if actual.shape != expected.shape:
-        shapes = f"shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-        return Result(check, False, None, str(tolerance), shapes, case, tolerance, config)
-    delta = (actual.double() - expected.double()).abs()
-    within = delta <= tolerance.atol + tolerance.rtol * expected.double().abs()
-    return Result(check, bool(within.all()), delta.max().item(), str(tolerance), case=case, bound=tolerance,
-                  config=config)
 
 
 def loss_of(model: nn.Module, batch: Batch, pad_id: int) -> Tensor:
@@ -633,39 +299,6 @@ def adam_step(params: list[nn.Parameter], moments: list[tuple[Tensor, Tensor]], 
         m_hat, v_hat = m / (1 - betas[0] ** step), v / (1 - betas[1] ** step)
         param.sub_(lr * m_hat / (v_hat.sqrt() + eps))
 
-
-def still_drops(spec: str, config: TransformerConfig, seed: int = 0) -> str | None:
-    """The determinism probe: ``spec`` built with ``config`` (dropout 0), in train mode, run on
-    one batch under two random seeds. The module whose output first differs between the two runs
-    (in the order modules finish) is one that still drops; None if the two runs agree."""
-    model = build(spec, config.replace(dropout=0.0), seed=seed).double().train()
-    inputs = random_batch(config, seed=seed).inputs()
-    runs = []
-    for draw in (1, 2):
-        outputs: list[tuple[str, Tensor]] = []
-        handles = [module.register_forward_hook(partial(_record, name, outputs))
-                   for name, module in model.named_modules() if name]
-        try:
-            with torch.random.fork_rng(devices=[]), torch.no_grad():
-                torch.manual_seed(draw)
-                outputs.append(("", model(*inputs)))
-        finally:
-            for handle in handles:
-                handle.remove()
-        runs.append(outputs)
-    for (name, first), (_, second) in zip(*runs, strict=False):
-        if first.shape != second.shape or not torch.equal(first, second):
-            module = model.get_submodule(name)
-            return name + (f" ({module!r})" if not list(module.children()) else "") if name else "the model"
-    return None
-
-
-def _record(name: str, outputs: list[tuple[str, Tensor]], _module: nn.Module, _inputs, output) -> None:
-    """A forward hook: the module's output (a tuple's first tensor) under its name."""
-    if isinstance(output, tuple):
-        output = next((item for item in output if isinstance(item, Tensor)), None)
-    if isinstance(output, Tensor):
-        outputs.append((name, output.detach().clone()))
 
 
 def dropout_sites(spec: str, config: TransformerConfig, seed: int, reference: str = "torch") -> Result:

@@ -13,15 +13,17 @@ from typing import ClassVar
 import pytest
 import torch
 
-from benchmarks.run import run
+from benchmarks.compare.run import run
 from common.random_batch import random_batch
 from compare import parse_args
 from tests.fixtures.outside import tutorial
 from tests.fixtures.outside.bugs import FIRST_DIVERGENCE
 from variants import FROM_SCRATCH, REFERENCE, build
 from variants.check.__main__ import main
-from variants.check.battery import CONFIG, Case, attempt, bad_inputs, forward, locate, run_battery
+from variants.check.battery import attempt, bad_inputs, forward, run_battery
+from variants.check.diagnose import locate
 from variants.check.divergence import first_divergence
+from variants.check.harness import CONFIG, Case
 from variants.check.tolerances import FLOAT64
 from variants.explicit.model import Transformer as Explicit
 

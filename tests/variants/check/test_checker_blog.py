@@ -25,21 +25,14 @@ from tests.fixtures.outside import blog, tuples, tutorial
 from variants import REFERENCE, SpecError, build
 from variants.check import explain
 from variants.check.__main__ import main
-from variants.check.battery import (
-    CONFIG,
-    Case,
-    battery_weights,
-    dropout_sites,
-    explain_first,
-    forward,
-    locate,
-    run_battery,
-    stand_ins,
-)
+from variants.check.adapter import drafting
+from variants.check.battery import dropout_sites, forward, run_battery
+from variants.check.diagnose import explain_first, locate, stand_ins
 from variants.check.divergence import capture_watched, first_divergence
-from variants.check.outside import drafting
+from variants.check.harness import CONFIG, Case, battery_weights
+from variants.check.patterns import as_python
 from variants.check.sites import expected_sites, place
-from variants.check.suggest import as_python, draft
+from variants.check.suggest import draft
 from variants.check.tolerances import FLOAT64
 
 FIXTURES = "tests.fixtures.outside"

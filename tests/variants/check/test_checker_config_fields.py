@@ -12,10 +12,12 @@ from tests.variants.check.test_checker_tutorials import concrete
 from variants import variant_class
 from variants.check import __main__ as command
 from variants.check.__main__ import main
-from variants.check.battery import CONFIG, computation_order, run_battery
-from variants.check.outside import interfaced
+from variants.check.adapter import interfaced
+from variants.check.battery import computation_order, run_battery
+from variants.check.harness import CONFIG
+from variants.check.patterns import as_python, weight_patterns
 from variants.check.sites import HIDDEN, OUTPUT, place
-from variants.check.suggest import as_python, draft, weight_patterns
+from variants.check.suggest import draft
 
 TUTORIAL = "tests.fixtures.outside.tutorial:Transformer"
 # an opus-mt base model's choices, all at once

@@ -18,17 +18,10 @@ from tests.fixtures.outside import sublayers, tutorial
 from tests.helpers import FLOAT64_TOL
 from variants import REFERENCE, SpecError, build
 from variants.check.__main__ import main
-from variants.check.battery import (
-    CONFIG,
-    Case,
-    absent_line,
-    forward,
-    gradients,
-    locate,
-    run_battery,
-    still_drops,
-)
+from variants.check.battery import forward, gradients, run_battery
+from variants.check.diagnose import locate, still_drops
 from variants.check.divergence import first_divergence, precision_notes
+from variants.check.harness import CONFIG, Case, absent_line
 from variants.check.tolerances import FLOAT64
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -12,9 +12,11 @@ pytest.importorskip("transformers", reason="the hf extra (transformers) is not i
 
 from tests.fixtures.outside.hf_marian import Marian
 from variants.check.__main__ import main
-from variants.check.battery import CONFIG, run_battery
-from variants.check.outside import drafting
-from variants.check.suggest import draft, probe_patterns, weight_patterns
+from variants.check.adapter import drafting
+from variants.check.battery import run_battery
+from variants.check.harness import CONFIG
+from variants.check.patterns import probe_patterns, weight_patterns
+from variants.check.suggest import draft
 
 SPEC = "tests.fixtures.outside.hf_marian:Marian"
 # an opus-mt base model: swish, Marian's sinusoids, the padding id first, eps 1e-5, tied embeddings

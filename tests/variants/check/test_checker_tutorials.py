@@ -20,19 +20,14 @@ from common.weights import Param, canonical_shapes, match_patterns
 from tests.fixtures.outside import blocks, residual, sublayers, tutorial
 from variants import REFERENCE, SpecError, build, variant_class
 from variants.check.__main__ import main
-from variants.check.battery import (
-    CONFIG,
-    Case,
-    dropout_sites,
-    forward,
-    gradients,
-    locate,
-    masked_batch,
-    run_battery,
-)
+from variants.check.adapter import interfaced
+from variants.check.battery import dropout_sites, forward, gradients, masked_batch, run_battery
+from variants.check.diagnose import locate
 from variants.check.divergence import PointDifference, first_divergence, precision_notes
-from variants.check.outside import interfaced, role_of
-from variants.check.suggest import as_python, draft, probe_patterns, weight_patterns
+from variants.check.harness import CONFIG, Case
+from variants.check.outside import role_of
+from variants.check.patterns import as_python, probe_patterns, weight_patterns
+from variants.check.suggest import draft
 from variants.check.tolerances import FLOAT64
 
 FIXTURES = "tests.fixtures.outside"

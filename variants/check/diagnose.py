@@ -1,0 +1,277 @@
+"""What went wrong, and why: the diagnosis the battery's failed checks get (the checks themselves
+are ``variants.check.battery``).
+
+``locate`` reruns a failed forward point by point (``variants.check.divergence``) and
+``explain_first`` tries the classic departures at the first divergence (``variants.check.explain``);
+``rounding_only`` tells a float64 check failed by float32 rounding alone; ``output_hint`` reads a
+failed output (logits, NaN behind a -inf fill, a flat output, an extra axis from a mask broadcast in
+the model's forward); an error raised inside the model is reported with the file and line it came
+from and, where its text suggests one, a likely cause (``explained``; for masks a decoder reads
+swapped, found by trying the swap); ``still_drops`` names a module that drops at dropout 0. Nothing
+here prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import re
+import traceback
+from functools import partial
+
+import torch
+from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
+
+from common.cli import error_line
+from common.config import TransformerConfig
+from common.probes import Probe, resolve_probes
+from common.random_batch import random_batch
+from variants import build
+from variants.check.adapter import absent_weights, own_stage
+from variants.check.divergence import (
+    ROUNDING_FACTOR,
+    PointDifference,
+    compare_points,
+    model_frame,
+    number,
+    precision_notes,
+)
+from variants.check.explain import Explanation, explain
+from variants.check.harness import Case, pair, short
+from variants.check.outside import SIGNATURES
+from variants.check.tolerances import FLOAT64
+
+
+def locate(spec: str, case: Case, seed: int = 0) -> list[PointDifference]:
+    """The failed forward ``case`` rerun point by point: where ``spec`` and ``case.against`` part.
+    In float64, each point also carries the reference's own float32 rounding there."""
+    subject, other = pair(spec, case.against, case.config, seed)
+    other_float32 = copy.deepcopy(other) if case.dtype == torch.float64 else None
+    subject, other = subject.to(case.dtype), other.to(case.dtype)
+    return compare_points(subject, other, case.inputs, names=(short(spec), short(case.against)),
+                          b_float32=other_float32, stand_ins=(stand_ins(subject), stand_ins(other)))
+
+
+def explain_first(spec: str, case: Case, seed: int, differences: list[PointDifference]) -> str:
+    """The explanation of the first divergence in ``differences`` (``variants.check.explain``),
+    as one line; "" where there is none to try."""
+    first = next((d for d in differences if d.diverges(case.tolerance.atol)), None)
+    if first is None:
+        return ""
+    subject, other = (model.double() for model in pair(spec, case.against, case.config, seed))
+    found = explain(subject, other, case.inputs, (stand_ins(subject), stand_ins(other)), first,
+                    FLOAT64.atol if case.dtype == torch.float64 else case.tolerance.atol)
+    return found.line() if isinstance(found, Explanation) else found
+
+
+def stand_ins(model: nn.Module) -> dict[str, Probe]:
+    """Where to probe the final norms a model's maps declare absent (its probe map None, its
+    weight map None for the norm's weights): the last layer's output, read as its own probe reads
+    it (its call, its item of a tuple), never a later module's (a decoder that goes on to project,
+    or returns more than its hidden state)."""
+    if not hasattr(type(model), "probe_map"):
+        return {}
+    probes, absent = resolve_probes(model), set(absent_weights(model))
+    found = {}
+    for stack in ("encoder", "decoder"):
+        point, last = f"{stack}.norm", probes.get(f"{stack}.layers.{model.config.n_layers - 1}")
+        if probes.get(point, last) is not None or f"{point}.weight" not in absent or last is None:
+            continue
+        found[point] = last
+    return found
+
+
+# --- errors raised inside the model ---------------------------------------------------------
+
+EXPECTED_CALLS = ", ".join(f"{stage}({', '.join(names)})" for stage, names in SIGNATURES.items())
+MASK_LAYOUT = ("src_mask (B, 1, 1, S) and tgt_mask (B, 1, T, T), bool, True = may attend; "
+               "a model written for (B, 1, S) masks adds an axis of its own")
+MASK_HINT = f"check the masks: the suite passes {MASK_LAYOUT}"
+HINTS = (  # (what the error says, the likely cause)
+    (re.compile(r"'indices'.*(Bool|Float|Double)|embedding.*(Bool|Float|Double)", re.S),
+     f"an embedding got a mask or hidden states for ids: check the argument order; the suite calls "
+     f"{EXPECTED_CALLS}"),
+    (re.compile(r"must match the size of tensor|shape mismatch|not broadcastable|cannot broadcast"
+                r"|invalid for input of size|doesn't match the broadcast shape", re.I),
+     MASK_HINT),
+)
+
+
+def where_raised(error: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of the model's own code (not torch's, not
+    the suite's) that ``error`` passed through; "" if none did."""
+    return model_frame(traceback.extract_tb(error.__traceback__))
+
+
+def hint_for(error: BaseException) -> str:
+    """The likely cause of an error raised inside a model, where its text suggests one."""
+    return next((hint for pattern, hint in HINTS if pattern.search(str(error))), "")
+
+
+def explained(error: BaseException, hint: bool = True) -> str:
+    """One line: the error, where in the model's code it was raised, and a hint."""
+    place, hint = where_raised(error), hint_for(error) if hint else ""
+    return error_line(error) + (f" (at {place})" if place else "") + (f"; hint: {hint}" if hint else "")
+
+
+
+def rounding_only(spec: str, case: Case, seed: int) -> str:
+    """Why the failed float64 ``case`` is float32 rounding and nothing else, "" if it is not: rerun
+    point by point, every point that departs from the reference does so within the reference's
+    own float32 rounding there, with float32 on the model's path (``Float32Watch``), the output
+    included."""
+    try:
+        differences = locate(spec, case, seed)
+    except Exception:  # no probe map, or a model the finder cannot rerun: not judged, it stays failed
+        return ""
+    tolerance = case.tolerance.atol
+    output = next((d for d in differences if d.point == "generator"), None)
+    if (output is None or not output.departs(tolerance) or not output.within_rounding()
+            or any(d.diverges(tolerance) for d in differences)):
+        return ""
+    (note,) = precision_notes(differences, tolerance) or (
+        f"{output.point} differs by {number(output.max_abs)}",)
+    return (f"float32 rounding only: {note}; every point within {ROUNDING_FACTOR:g}x the reference's own "
+            f"float32 rounding there")
+
+
+def output_hint(model: nn.Module, case: Case, actual: Tensor, expected: Tensor) -> str:
+    """The likely cause of a failed forward, read from the output: a flat (B·T, V) tensor, an extra
+    axis a mask broadcast into it, logits where log-probabilities belong, NaN behind a -inf fill."""
+    batch, length = case.inputs[1].shape
+    vocab = case.config.tgt_vocab_size
+    if actual.shape == (batch * length, vocab):
+        return (f"a flat (B·T, V) output: return (B, T, V) log-probabilities, e.g. log_probs.view({batch}, "
+                f"{length}, -1) for this batch (the gradient and training checks reshape it to go on)")
+    if actual.ndim > expected.ndim:
+        return broadcast_hint(model, case, tuple(actual.shape), tuple(expected.shape))
+    if actual.shape != expected.shape or not actual.is_floating_point():
+        return ""
+    nan = torch.isnan(actual) & ~torch.isnan(expected)
+    if nan.any():
+        with FillWatch() as fills, torch.no_grad():
+            model(*case.inputs)
+        positions = int(nan.any(-1).sum())
+        if any(value == -math.inf for value in fills.values):
+            return (f"NaN at {positions} positions: masked scores are filled with -inf, so a row with no "
+                    f"key to attend to (a source of padding only) is softmax of -inf everywhere; fill with "
+                    f"torch.finfo(scores.dtype).min")
+        return (f"NaN at {positions} positions where the reference is finite "
+                f"(a row with nothing to attend to?)")
+    finite = actual[torch.isfinite(actual).all(-1)].double()
+    if finite.numel():
+        total = finite.logsumexp(-1).abs().max().item()
+        if total > 1e-6 if case.dtype == torch.float64 else total > 1e-3:
+            return (f"the rows' logsumexp is up to {total:.2g}, not 0: logits, not log-probabilities; "
+                    f"end with log_softmax(dim=-1)")
+    return ""
+
+
+def broadcast_hint(model: nn.Module, case: Case, actual: tuple[int, ...], expected: tuple[int, ...]) -> str:
+    """Where a mask grew the model's tensors by an axis (``BroadcastWatch``), for an output with
+    more axes than the reference's; "" where no mask did."""
+    with BroadcastWatch() as watch, torch.no_grad(), contextlib.suppress(Exception):
+        model(*case.inputs)  # it ran in the forward check already: only what the watch sees matters
+    if watch.found is None:
+        return ""
+    name, tensor, mask, out, place = watch.found
+    fix = (": scores of one head, (B, T_query, T_key), take src_mask[:, 0] and tgt_mask[:, 0]"
+           if len(tensor) == 3 else "")
+    return (f"the output is {actual} where the reference's is {expected}: {name}"
+            f"{f' at {place}' if place else ''} broadcast a {tensor} tensor against a {mask} mask to {out}, "
+            f"and nothing raised; the model's masks have another layout: the suite passes src_mask "
+            f"(B, 1, 1, S) and tgt_mask (B, 1, T, T){fix}")
+
+
+class BroadcastWatch(TorchFunctionMode):
+    """The first operation of a forward pass whose output has more axes than the tensor it works
+    on because a boolean mask with more axes broadcast it: (operation, the tensor's shape, the
+    mask's, the output's, where in the model's code)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: tuple[str, tuple, tuple, tuple, str] | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.found is None and isinstance(out, Tensor):
+            tensors = [item for item in (*args, *(kwargs or {}).values()) if isinstance(item, Tensor)]
+            masks = [t for t in tensors if t.dtype == torch.bool and t.ndim == out.ndim]
+            if tensors and tensors[0].dtype != torch.bool and masks and out.ndim > tensors[0].ndim:
+                name = getattr(func, "__name__", str(func))
+                self.found = (name, tuple(tensors[0].shape), tuple(masks[0].shape), tuple(out.shape),
+                              model_frame(traceback.extract_stack()[:-1]))
+        return out
+
+
+class FillWatch(TorchFunctionMode):
+    """The values a forward pass fills masked scores with (``masked_fill``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: list[float] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.masked_fill, torch.Tensor.masked_fill_, torch.masked_fill):
+            value = args[2] if len(args) > 2 else kwargs.get("value")
+            if isinstance(value, (int, float)):
+                self.values.append(float(value))
+        return func(*args, **kwargs)
+
+
+def swap_masks(model: nn.Module, inputs: tuple[Tensor, ...], expected: Tensor) -> str:
+    """Whether the model runs once src_mask and tgt_mask trade places in its own decode: a
+    decoder that reads them the other way round. "" if it has no own decode or still fails."""
+    decode, encode, project = (own_stage(model, stage) for stage in ("decode", "encode", "project"))
+    if decode is None or encode is None or project is None:
+        return ""
+    src, tgt, src_mask, tgt_mask = inputs
+    try:
+        log_probs = project(decode(tgt, encode(src, src_mask), tgt_mask, src_mask))
+    except Exception:
+        return ""
+    agrees = ""
+    if log_probs.shape == expected.shape:
+        agrees = (f", and then agrees with the reference to "
+                  f"{number((log_probs - expected).abs().max().item())}")
+    return (f"with src_mask and tgt_mask exchanged in decode the model runs{agrees}: its decoder reads the "
+            f"masks the other way round; the self-attention takes tgt_mask, the cross-attention src_mask")
+
+
+
+def still_drops(spec: str, config: TransformerConfig, seed: int = 0) -> str | None:
+    """The determinism probe: ``spec`` built with ``config`` (dropout 0), in train mode, run on
+    one batch under two random seeds. The module whose output first differs between the two runs
+    (in the order modules finish) is one that still drops; None if the two runs agree."""
+    model = build(spec, config.replace(dropout=0.0), seed=seed).double().train()
+    inputs = random_batch(config, seed=seed).inputs()
+    runs = []
+    for draw in (1, 2):
+        outputs: list[tuple[str, Tensor]] = []
+        handles = [module.register_forward_hook(partial(_record, name, outputs))
+                   for name, module in model.named_modules() if name]
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad():
+                torch.manual_seed(draw)
+                outputs.append(("", model(*inputs)))
+        finally:
+            for handle in handles:
+                handle.remove()
+        runs.append(outputs)
+    for (name, first), (_, second) in zip(*runs, strict=False):
+        if first.shape != second.shape or not torch.equal(first, second):
+            module = model.get_submodule(name)
+            return name + (f" ({module!r})" if not list(module.children()) else "") if name else "the model"
+    return None
+
+
+def _record(name: str, outputs: list[tuple[str, Tensor]], _module: nn.Module, _inputs, output) -> None:
+    """A forward hook: the module's output (a tuple's first tensor) under its name."""
+    if isinstance(output, tuple):
+        output = next((item for item in output if isinstance(item, Tensor)), None)
+    if isinstance(output, Tensor):
+        outputs.append((name, output.detach().clone()))
+
