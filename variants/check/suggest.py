@@ -118,8 +118,29 @@ def trace(model: nn.Module, config: TransformerConfig, firsts: dict[str, str], b
 
 
 def _same(a: Tensor, b: Tensor) -> bool:
-    """One tensor: the same storage, shape and values (dropout in eval mode returns its input)."""
-    return a.shape == b.shape and a.data_ptr() == b.data_ptr() and bool(torch.equal(a, b))
+    """One tensor: the same storage, shape and values (dropout in eval mode returns its input);
+    NaN equal to NaN, so a model holding uninitialised memory is read as any other."""
+    return (a.shape == b.shape and a.data_ptr() == b.data_ptr()
+            and bool(((a == b) | (a.isnan() & b.isnan())).all()))
+
+
+def called_order(norms: list[str], seen: Trace, layer: str, notes: list[str]) -> list[str]:
+    """A layer's LayerNorms in the order the forward pass first called them (norm1 is the first
+    one the layer uses, wherever it is registered), with a note where that differs from their
+    registration order; in registration order, noted, where the pass did not reach them all."""
+    if not norms or not seen.order:
+        return norms
+    first = {name: k for k, name in reversed(list(enumerate(seen.order)))}
+    if not all(norm in first for norm in norms):
+        if not any(f"norms of {layer}" in note for note in notes):
+            notes.append(f"the norms of {layer} are placed in registration order: the forward pass did not "
+                         f"call them all; check norm1, norm2 against the order the layer uses them")
+        return norms
+    called = sorted(norms, key=first.__getitem__)
+    if called != norms and not any("registration order" in note and "call order" in note for note in notes):
+        notes.append(f"the norms of {layer} are placed in call order ({', '.join(called)}), not their "
+                     f"registration order")
+    return called
 
 
 def draft(model: nn.Module, config: TransformerConfig) -> Draft:
@@ -155,7 +176,11 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
             fits = fits[:1] if canonical == "src_embed" else fits[1:]
         if len(fits) == 1 or (config.share_embeddings and fits):
             out.weights[f"{canonical}.weight"] = f"{fits[0]}.weight"
-        out.probes[canonical] = seen.embeds.get("encoder" if canonical == "src_embed" else "decoder")
+        stack = "encoder" if canonical == "src_embed" else "decoder"
+        out.probes[canonical] = seen.embeds.get(stack)
+        if out.probes[canonical] is None and stack in lists and seen.shape is not None:
+            out.notes.append(f"{canonical}: no module's output is the {stack}'s first input (computed in "
+                             f"forward itself?): probe it by hand, or leave it None")
     generators = [path for path, m in modules.items() if linear_shape(m) == (config.tgt_vocab_size, width)]
     if len(generators) == 1:
         out.weights["generator.weight"] = f"{generators[0]}.weight"
@@ -204,7 +229,8 @@ def draft(model: nn.Module, config: TransformerConfig) -> Draft:
                     wide = widths.pop()
                     out.notes.append(f"the feed-forward is {wide} wide ({layer}), the config's "
                                      f"{option[2:].replace('-', '_')} {inner}: pass {option} {wide}")
-            norms = [p for p, m in modules.items() if under(p, layer) and norm_like(m, width)]
+            norms = called_order([p for p, m in modules.items() if under(p, layer) and norm_like(m, width)],
+                                 seen, layer, out.notes)
             if len(norms) == expected_norms:
                 for n, norm in enumerate(norms, start=1):
                     gain, shift = norm_params(norm, modules[norm])

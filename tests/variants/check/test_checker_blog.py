@@ -23,7 +23,7 @@ from common.random_batch import random_batch
 from common.weights import export_weights, import_weights
 from tests.fixtures.outside import blog, tuples, tutorial
 from variants import REFERENCE, SpecError, build
-from variants.check import explain
+from variants.check import departures
 from variants.check.__main__ import main
 from variants.check.adapter import drafting
 from variants.check.battery import dropout_sites, forward, run_battery
@@ -309,9 +309,9 @@ def test_a_departure_none_of_the_tried_ones_fits_is_said_so():
     spec = f"{FIXTURES}.bugs:OneProjectionForAllHeads"
     case = first_case()
     line = explain_first(spec, case, 0, locate(spec, case))
-    assert re.fullmatch(r"not explained by the \d+ classic departures tried at encoder\.layers\.0\.self_attn "
-                        r"\(scale, biases, keys and values, masks, softmax axis, head split; docs/check\.md "
-                        r"lists them\)", line), line
+    assert re.fullmatch(r"not explained by the \d+ classic departures, wrong maps and pairs of departures tried "
+                        r"at encoder\.layers\.0\.self_attn \(scale, biases, keys and values, masks, softmax axis, "
+                        r"head split, W_q/W_k, heads permuted; docs/check\.md lists them\)", line), line
 
 
 # --- a decoder that returns (logits, attention), without a final norm ----------------------------
@@ -374,10 +374,10 @@ def test_an_explanation_is_claimed_only_where_the_recomputation_gives_back_the_r
     assert explain_first(spec, case, 0, differences).startswith("explained: LayerNorm eps 1e-05")
 
     def off(*args):
-        tried = explain.layer_norm(*args)
+        tried = departures.layer_norm(*args)
         return [("as the reference", tried[0][1] + 1e-6), *tried[1:]]
 
-    monkeypatch.setitem(explain.RECOMPUTE, "norm", off)
+    monkeypatch.setitem(departures.RECOMPUTE, "norm", off)
     assert explain_first(spec, case, 0, differences) == ""
 
 
