@@ -16,8 +16,8 @@ recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws th
     python compare.py --processes 1                     # one interpreter, 10 rounds (about 50 s)
     python compare.py --precision 0.03                  # rounds until every ratio is within ±3%
 
-This file is the command line only: options (``benchmarks.settings.add_options``) -> ``Settings`` ->
-``benchmarks.run.run`` -> ``benchmarks.render.render``. The method is in ``benchmarks/``.
+This file is the command line only: options (``benchmarks.compare.settings.add_options``) -> ``Settings`` ->
+``benchmarks.compare.run.run`` -> ``benchmarks.compare.render.render``. The method is in ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -27,20 +27,20 @@ import dataclasses
 import os
 import sys
 
-from benchmarks.machine import settle_threads, wait_policy_environment
+from benchmarks.compare.machine import settle_threads, wait_policy_environment
 
 # before torch loads its OpenMP runtime, which reads the wait policy once, when it loads: no
-# import above this line may import torch (tests/benchmarks/test_busy_cores.py checks the policy)
+# import above this line may import torch (tests/benchmarks/compare/test_busy_cores.py checks the policy)
 os.environ.update(wait_policy_environment(sys.argv[1:], os.environ))
 
 import torch
 from tqdm import tqdm
 
-from benchmarks.plot import plot
-from benchmarks.processes import run_processes
-from benchmarks.render import render, warning_lines, write_table
-from benchmarks.run import run
-from benchmarks.settings import Settings, add_options, settings_from_options
+from benchmarks.compare.plot import plot
+from benchmarks.compare.processes import run_processes
+from benchmarks.compare.render import render, warning_lines, write_table
+from benchmarks.compare.run import run
+from benchmarks.compare.settings import Settings, add_options, settings_from_options
 from common.cli import Parser, device_or_exit
 
 

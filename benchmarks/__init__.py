@@ -1,71 +1,19 @@
-"""The measuring library behind ``python compare.py``, the programs that measure, and the
-pytest-benchmark timings.
+"""Measuring: ``python compare.py``'s engine, the decode rows of other engines, the studies
+that each answer one question about speed or numbers, and the pytest-benchmark timings.
 
-The library, one job per module, in the order a run uses them:
+    compare/   compare.py's engine, the only thing compare.py imports: the workload, the timed
+               steps, the run's settings, rounds, processes, ratios with their intervals, the
+               report and how it is rendered (its own index names each module)
+    engines/   decode rows for engines beside the variants (ONNX Runtime, CTranslate2, PyTorch's
+               fast path) and the child process an engine runs in when it must have its own
+    studies/   stand-alone programs, each ``python -m benchmarks.studies.NAME``, each printing a
+               measurement of the machine it runs on (decode scan, static decode, GEMM paths,
+               compile masks, time breakdown, low precision, bfloat16 decoding, coverage, learners)
+    timings/   pytest-benchmark timings (``pytest benchmarks/``; not run by a plain ``pytest``)
 
-    workload       the timing presets, shapes and dtypes, the FLOP count every row shares
-    steps          the timed steps (forward, forward + backward, decoding), autocast, compiling
-    dropout_masks  the compile backend: inductor with dropout's masks drawn by aten
-    machine        whether the cores are busy, the threads to time with, the OpenMP wait policy
-    settings       ``Settings``: everything one run is asked to do, frozen; compare.py's options, -> it
-    measured       what a run measures: a ``Cell`` per (variant, mode), a ``Row`` per variant
-    ratios         ratios paired by round with their bootstrap interval; the rounds' shuffled orders;
-                   which ratios the table prints and how far each is resolved
-    timing         ``torch.utils.benchmark`` timers for the steps and the matmul peak
-    memory         the allocator policy, each step's peak memory, the key/value cache's bytes
-    placement      each row's weights re-placed in fresh memory before every round
-    failures       telling an out-of-memory apart, and recovering from a failed step
-    report         measured rows -> the report (a dict, also the JSON output)
-    render         the report as tables (tabulate), JSON or CSV
-    plot           the report as a picture of relative times (compare.py --plot)
-    engines        decode rows for ONNX Runtime, CTranslate2 and PyTorch's fast path (inductor, oneDNN
-                   in float32 and bfloat16)
-    run            ``run(settings) -> report``: the phases of a run, by name
-    processes      the run repeated in fresh interpreters, their rounds pooled (a CPU run's default)
-    isolated       an engine built and called in a process of its own (CTranslate2's rows: its
-                   OpenMP threads would slow torch's in the same process)
-    breakdown      one profiled train step's operator time, grouped by what they do (time_breakdown's)
-    bandwidth      streaming read bandwidth, the weight bytes a cached step reads (decode_scan's)
-
-The programs, each run as ``python -m benchmarks.NAME`` (the package is installed, so from any
-directory); each prints, and nothing in the library imports one:
-
-    decode_scan     how the key/value cache's speed-up grows with the length generated
-    static_decode   static-shape decoding, eager and compiled (CUDA graphs, freezing, oneDNN)
-    gemm_paths      which library multiplies a decode step's linears on this CPU, and how fast
-    compile_masks   where a compiled train step's dropout masks come from, and what it costs
-    time_breakdown  where a train step's time goes, per variant: a table and a picture
-    low_precision   how far bfloat16 and float16 log-probs stray from float32 (``MEASURED``)
-    bfloat16_decoding  how far decoding on bfloat16 weights agrees with float32 on a test split
-    coverage        how often several runs' intervals hold their pooled ratio (and the control 1)
-    isolated_server the child process ``isolated`` starts for an engine (not run by hand)
-    learners/       one seed, five learners: every variant trained on real translation
-                    (``python -m benchmarks.learners``; its library is ``learners.study``)
-
-A program belongs here, not in ``scripts/``, when what it prints is a measurement of the
-machine it runs on (time, memory, bandwidth, the rounding of its kernels, a training run): the
-kind a page of docs/results/ records with its date and machine. ``scripts/`` holds the programs
-whose output the code alone decides (reading aids, the deviations table, the generated pages).
-
-The timings are ``timings/bench_*.py`` (pytest-benchmark; ``pytest benchmarks/`` or
-``pytest benchmarks/timings/``, not run by a plain ``pytest``).
-
-Method:
-- one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);
-- many short rounds (``Settings.rounds``; with ``Settings.precision``, more until every ratio
-  is resolved to it), on the CPU by default spread over three fresh processes
-  (``Settings.processes``, ``processes``), each timing every row once in a fresh shuffled order
-  (``ratios.round_orders``) after re-placing every row's weights in fresh memory
-  (``placement``), the cores' load read in every round; a cell's time is its rounds merged,
-  and each ratio between rows is paired by round, its median over rounds (a geometric mean of
-  each process's median), with a 95% bootstrap interval (``ratios.paired_ratio``) and a
-  control: torch timed again as a row of its own;
-- the thread count is fixed (``Settings.threads``) and reported; CUDA is synchronised by the
-  Timer; the entry points choose it from the cores other processes leave free
-  (``machine.settle_threads``);
-- peak memory: CUDA ``max_memory_allocated`` over the step; CPU the peak of the bytes the
-  step allocates (``torch.profiler`` memory events, in time order); both plus the model's own
-  parameters and buffers;
-- glibc is told to keep freed memory for reuse (``memory.keep_freed_memory``), because
-  returning large buffers to the OS makes every step page-fault them back in.
+A program belongs here, not in ``scripts/``, when what it prints is a measurement of the machine
+it runs on (time, memory, bandwidth, the rounding of its kernels, a training run): the kind a page
+of docs/results/ records with its date and machine. ``scripts/`` holds the programs whose output
+the code alone decides. Imports run one way inside: ``studies`` may use ``compare`` and
+``engines``; ``compare`` uses ``engines``; ``engines`` uses neither.
 """

@@ -26,9 +26,9 @@ import torch
 from common.cli import Parser, first_line
 from common.masks import causal_mask, decoder_mask, padding_mask
 from seq2seq.hub import tiny
-from seq2seq.hub.convert import convert
+from seq2seq.hub.from_hf import convert
 from seq2seq.hub.tokenizers import tokenizer_from_record
-from seq2seq.training.checkpoint import ModelFile, build_model
+from seq2seq.storage.model_file import ModelFile, build_model
 from variants import VARIANTS
 
 # the deviations each family is measured under, in the table's order

@@ -14,7 +14,7 @@
 #   7. greedy decoding and beam search (beam 4) of the base model (8 x 64, 64 generated ids) on
 #      fused's static-shape step, eager and as a CUDA graph (torch.compile mode reduce-overhead),
 #      frozen too, beside the growing cache's: the fast decoding path on a GPU.
-# Results go under $OUT (default ./gpu-out); render a json with benchmarks.render.render.
+# Results go under $OUT (default ./gpu-out); render a json with benchmarks.compare.render.render.
 # Usage: bash scripts/gpu_check.sh [pytest s] [compare s] [long-sequence s] [breakdown s] [sync s]
 #        [static decode s]
 set -u
@@ -33,7 +33,7 @@ timeout "${2:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype flo
     --decode-len 64 --rounds 2 --min-run-time 0.2 --quiet \
     --format json --output "$OUT/compare_base.json" >"$OUT/compare_base.log" 2>&1
 echo "compare.py base: exit $?" | tee -a "$OUT/compare_base.log"
-"$PYTHON" -c "import json, sys; from benchmarks.plot import plot; plot(json.load(open(sys.argv[1])), sys.argv[2])" \
+"$PYTHON" -c "import json, sys; from benchmarks.compare.plot import plot; plot(json.load(open(sys.argv[1])), sys.argv[2])" \
     "$OUT/compare_base.json" "$OUT/compare_base.png" >>"$OUT/compare_base.log" 2>&1
 
 timeout "${3:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype bfloat16 \
@@ -42,13 +42,13 @@ timeout "${3:-240}" "$PYTHON" compare.py --device cuda --preset base --dtype bfl
 echo "compare.py long sequences: exit $?" | tee -a "$OUT/compare_long.log"
 PICTURE=()  # the PNG only where matplotlib is installed: without it the command would refuse to start
 "$PYTHON" -c "import matplotlib" 2>/dev/null && PICTURE=(--out "$OUT/breakdown-h200.png")
-timeout "${4:-120}" "$PYTHON" -m benchmarks.time_breakdown --device cuda --preset base \
+timeout "${4:-120}" "$PYTHON" -m benchmarks.studies.time_breakdown --device cuda --preset base \
     --dtypes float32 bfloat16 --repeats 2 --ms "${PICTURE[@]}" >"$OUT/breakdown.txt" 2>&1
 echo "time_breakdown: exit $?" | tee -a "$OUT/breakdown.txt"
 timeout "${5:-90}" "$PYTHON" -m pytest benchmarks/timings/bench_range_check.py -p no:cacheprovider \
     --benchmark-columns=median,iqr >"$OUT/range_check.txt" 2>&1
 echo "range check: exit $?" | tee -a "$OUT/range_check.txt"
-timeout "${6:-300}" "$PYTHON" -m benchmarks.static_decode --device cuda --preset base --batch 8 --src-len 64 \
+timeout "${6:-300}" "$PYTHON" -m benchmarks.studies.static_decode --device cuda --preset base --batch 8 --src-len 64 \
     --max-len 65 --modes eager reduce-overhead --freezing --search greedy beam --min-run-time 1 \
     >"$OUT/static_decode.txt" 2>&1
 echo "static decoding: exit $?" | tee -a "$OUT/static_decode.txt"

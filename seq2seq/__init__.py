@@ -3,9 +3,11 @@ deployment, with the commands users type at the top.
 
     data/         ids (PAD/BOS/EOS), tasks (copy/reverse), corpus (Tatoeba pairs), subwords
                   (the joint vocabulary), batches (the seeded stream of token batches)
+    storage/      model_file: the one file format (model files and checkpoints) that training
+                  writes, conversion and export read and write, and every command reads
     training/     recipe (schedule, Adam, smoothed loss), trainer (exact resume), distributed
-                  (DDP), checkpoint (checkpoints and model files), averaging (paper section 6.1),
-                  run (a run driven to its end: fresh or resumed, progress bar, checkpoints)
+                  (DDP), averaging (paper section 6.1), run (a run driven to its end: fresh or
+                  resumed, progress bar, checkpoints)
     search/       the teaching decoders: strategy (what every search shares: the next-token
                   step, eval mode, argument checks), greedy, beam (the paper's beam search)
     fast/         the fast decoding path: static_search (greedy and beam over a fixed-shape
@@ -18,8 +20,8 @@ deployment, with the commands users type at the top.
     deploy/       export_config (the config beside an export, the source checks), onnx_runtime,
                   ctranslate (the exporters and their runtimes as decode rows)
     hub/          checkpoints trained elsewhere (Hugging Face's Marian and FSMT): families (config
-                  and weight map), convert, tokenizers (carried in the model file), tiny (the
-                  proofs' tiny checkpoints)
+                  and weight map), from_hf (a Hugging Face folder to a model file), tokenizers
+                  (carried in the model file), tiny (the proofs' tiny checkpoints)
 
     train         python -m seq2seq.train (synthetic tasks, or --task translate)
     translate     python -m seq2seq.translate (translate and score with a model file)

@@ -11,8 +11,8 @@ import argparse
 from pathlib import Path
 
 from common.cli import Parser, file_problem, one_line, positive
+from seq2seq.storage.model_file import save
 from seq2seq.training.averaging import average_files
-from seq2seq.training.checkpoint import save
 from seq2seq.training.run import CHECKPOINT_NAME, list_checkpoints
 
 

@@ -1,6 +1,6 @@
 """Convert a Hugging Face translation model to a model file every variant loads: Helsinki-NLP
 opus-mt (``MarianMTModel``) and fairseq's WMT19 (``FSMTForConditionalGeneration``). A thin shell
-over ``seq2seq.hub.convert``; needs the ``hf`` extra (transformers, sacremoses).
+over ``seq2seq.hub.from_hf``; needs the ``hf`` extra (transformers, sacremoses).
 
     python -m seq2seq.convert Helsinki-NLP/opus-mt-en-de --output opus-mt-en-de.pt   # downloads
     python -m seq2seq.convert ./opus-mt-en-de --output opus-mt-en-de.pt              # a saved folder
@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 
 from common.cli import Parser, file_problem, one_line
-from seq2seq.hub.convert import convert, hf_library
-from seq2seq.training.checkpoint import save
+from seq2seq.hub.from_hf import convert, hf_library
+from seq2seq.storage.model_file import save
 from variants import VARIANTS
 
 PROG = "python -m seq2seq.convert"

@@ -2,7 +2,7 @@
 
     python -m seq2seq.decode --model runs/a/average.pt --variant fused --show 3
 
-Loads the file (``seq2seq.training.checkpoint.load``), builds ``--variant`` (default: the variant that
+Loads the file (``seq2seq.storage.model_file.load``), builds ``--variant`` (default: the variant that
 trained it) around its canonical weights, and reports held-out exact-sequence accuracy on the
 task it was trained on, as ``python -m seq2seq.train`` does at the end of training; ``--show N``
 first prints N held-out sources with the model's greedy output.
@@ -22,7 +22,7 @@ from seq2seq.data import ids
 from seq2seq.data.tasks import TaskData
 from seq2seq.evaluation import accuracy_line, held_out_accuracy, held_out_batch
 from seq2seq.search.greedy import greedy_decode
-from seq2seq.training.checkpoint import build_model, load
+from seq2seq.storage.model_file import build_model, load
 from variants import VARIANTS
 
 

@@ -60,8 +60,8 @@ from seq2seq.evaluation import Scores, corpus_scores, loss_line, score_lines
 from seq2seq.hub.tokenizers import FairseqTokenizer, MarianTokenizer, tokenizer_from_record
 from seq2seq.search.beam import ALPHA, EXTRA_LENGTH, beam_search
 from seq2seq.search.greedy import greedy_decode
+from seq2seq.storage.model_file import ModelFile, build_model, load
 from seq2seq.training import distributed
-from seq2seq.training.checkpoint import ModelFile, build_model, load
 from seq2seq.training.distributed import SINGLE, World
 from seq2seq.training.recipe import Recipe, StepReport, smoothed_loss_sum
 from seq2seq.training.run import RunError, RunSettings, header, newest_checkpoint, run_with_checkpoints, start

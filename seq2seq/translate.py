@@ -32,7 +32,7 @@ from seq2seq.data.subwords import Vocabulary
 from seq2seq.evaluation import score_lines
 from seq2seq.pipeline import evaluate, load_translation_model, translate_sentences
 from seq2seq.search.beam import ALPHA, BEAM_SIZE
-from seq2seq.training.checkpoint import ModelFile
+from seq2seq.storage.model_file import ModelFile
 from variants import VARIANTS
 
 PROG = "python -m seq2seq.translate"

@@ -98,7 +98,7 @@ def test_imports_point_down(path):
      "common may not import seq2seq"),
     ("variants/explicit", "from variants.einsum.model import Transformer", "no variant imports another"),
     ("seq2seq", "from variants.mathfirst import components", "use variants.build"),
-    ("seq2seq", "import benchmarks.timing", "seq2seq may not import benchmarks"),
+    ("seq2seq", "import benchmarks.compare.timing", "seq2seq may not import benchmarks"),
     ("scripts", "from tests.helpers import small_config", "scripts may not import tests"),
     ("scripts", "from compare import main", "scripts may not import compare"),
     ("benchmarks", "from compare import main", "benchmarks may not import compare"),
@@ -269,8 +269,8 @@ def test_no_private_name_crosses_a_package():
      "uses common.checks._check_mask"),
     ("seq2seq/deploy", "import common.checks\ncommon.checks._check_ids(1)", "calls common.checks._check_ids"),
     ("seq2seq/deploy", "def f(model):\n    return model._encode(1, None)", "calls model._encode"),
-    ("seq2seq", "from seq2seq.training.checkpoint import _digest",
-     "uses seq2seq.training.checkpoint._digest"),
+    ("seq2seq", "from seq2seq.storage.model_file import _digest",
+     "uses seq2seq.storage.model_file._digest"),
     ("benchmarks", "def f(fused):\n    fused.export._project(1)", "calls fused.export._project"),
 ])
 def test_a_private_crossing_is_caught(tmp_path, where, source, complaint):
@@ -280,7 +280,7 @@ def test_a_private_crossing_is_caught(tmp_path, where, source, complaint):
         "common/checks.py": "def _check_ids(x): pass\ndef _check_mask(x): pass\n",
         "variants/fused/model.py": "class T:\n    def _encode(self, a, b): return self._project(a)\n"
                                    "    def _project(self, a): return a\n",
-        "seq2seq/training/checkpoint.py": "def _digest(x): return x\n",
+        "seq2seq/storage/model_file.py": "def _digest(x): return x\n",
     }
     for name, text in defining.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -332,7 +332,11 @@ def fence_violations(path: Path, programs: set[str], root: Path = ROOT) -> list[
     - a program (a command) is a leaf: no module imports one (tests aside, which run them);
     - the checker (``variants.check``) is loaded only when asked for: nothing outside it imports
       it, but the registry (``variants/__init__.py``), and that only inside a function;
-    - the teaching decoders (``seq2seq.search``) never import the fast path (``seq2seq.fast``).
+    - the teaching decoders (``seq2seq.search``) never import the fast path (``seq2seq.fast``);
+    - benchmarks/ has three rooms: a study (``benchmarks.studies``) may use compare.py's engine
+      (``benchmarks.compare``) and the engine rows (``benchmarks.engines``), which no study
+      reaches back into; the engine rows time the same steps as every row (``compare.steps``)
+      and use nothing else of compare.py's engine; compare.py imports compare.py's engine alone.
     """
     where = path.relative_to(root)
     name = module_name(path, root)
@@ -350,14 +354,31 @@ def fence_violations(path: Path, programs: set[str], root: Path = ROOT) -> list[
             elif target.startswith("seq2seq.fast") and name.startswith("seq2seq.search"):
                 problems.append(f"{where}:{line} imports {target} (the teaching decoders stay off the "
                                 "fast path)")
+            elif why := room_crossing(name, target):
+                problems.append(f"{where}:{line} imports {target} ({why})")
             else:
                 continue
             break
     return problems
 
 
+def room_crossing(name: str, target: str) -> str | None:
+    """Why ``name`` may not import ``target`` across benchmarks/' rooms, or None."""
+    if not target.startswith("benchmarks."):
+        return None
+    room = target.split(".")[1]
+    if name == "compare" and room != "compare":
+        return "compare.py imports compare.py's engine alone"
+    if name.startswith(("benchmarks.compare", "benchmarks.engines")) and room == "studies":
+        return "a study is a leaf of benchmarks/"
+    if name.startswith("benchmarks.engines") and room == "compare" \
+            and not target.startswith("benchmarks.compare.steps"):
+        return "the engine rows use compare.py's timed steps and nothing else of it"
+    return None
+
+
 # Not commands: a library module's entry for the child interpreters it starts itself.
-WORKERS = {"benchmarks.processes"}  # run_processes starts `python -m benchmarks.processes`
+WORKERS = {"benchmarks.compare.processes"}  # run_processes starts `python -m benchmarks.compare.processes`
 
 
 def programs_of(paths: list[Path], root: Path) -> set[str]:
@@ -371,16 +392,19 @@ def test_fences_hold(path):
 
 
 @pytest.mark.parametrize(("where", "source", "complaint"), [
-    ("benchmarks/run.py", "from benchmarks.gemm_paths import main", "a program is a leaf"),
+    ("benchmarks/compare/run.py", "from benchmarks.studies.gemm_paths import main", "a program is a leaf"),
     ("seq2seq/pipeline.py", "from variants.check.battery import run_battery", "the checker loads"),
     ("variants/__init__.py", "from variants.check.outside import build_outside", "the checker loads"),
     ("seq2seq/search/greedy.py", "from seq2seq.fast.onednn import with_onednn_linears",
      "off the fast path"),
+    ("benchmarks/engines/rows.py", "from benchmarks.compare.run import run", "nothing else of it"),
+    ("benchmarks/compare/run.py", "from benchmarks.studies.breakdown import breakdown", "a leaf of"),
+    ("compare.py", "from benchmarks.engines.rows import engine_rows", "engine alone"),
 ])
 def test_a_fence_crossing_is_caught(tmp_path, where, source, complaint):
     """The check itself: a planted crossing in a throwaway tree is reported, and the registry's
     import of the checker inside a function is not."""
-    program = tmp_path / "benchmarks" / "gemm_paths.py"
+    program = tmp_path / "benchmarks" / "studies" / "gemm_paths.py"
     program.parent.mkdir(parents=True)
     program.write_text('def main(): pass\nif __name__ == "__main__":\n    main()\n', encoding="utf-8")
     module = tmp_path / where

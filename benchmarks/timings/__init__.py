@@ -13,5 +13,5 @@
 
 Not collected by a plain ``pytest`` (its testpaths are tests/); pyproject's ``python_files``
 names ``bench_*.py``, so a path under benchmarks/ collects them. The library they time is the
-package above (``benchmarks.steps``, ``benchmarks.workload``, ...).
+package above (``benchmarks.compare.steps``, ``benchmarks.compare.workload``, ...).
 """

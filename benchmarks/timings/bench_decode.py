@@ -2,7 +2,7 @@
 
     pytest benchmarks/timings/bench_decode.py                     # CPU, and CUDA when present
 
-The decoders are those of compare.py --all-decoders (``benchmarks.steps.DECODE_MODES``): greedy
+The decoders are those of compare.py --all-decoders (``benchmarks.compare.steps.DECODE_MODES``): greedy
 with the key/value cache (the torch reference has none: it recomputes), greedy by full
 recompute, and beam search of 4. The library's small preset, the shared padded batch, random
 weights: no row ends early, so every call decodes ``MAX_LEN - 1`` positions per source. Speed is
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.steps import DECODE_MODES, decode_steps
+from benchmarks.compare.steps import DECODE_MODES, decode_steps
 from benchmarks.timings.bench_speed import CONFIG, DEVICES, model_on, synchronised
 from common.random_batch import random_batch
 from variants import REFERENCE, VARIANTS, build

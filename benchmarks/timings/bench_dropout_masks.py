@@ -1,5 +1,5 @@
 """What one dropout costs, by where its mask comes from: eager, inductor's own in-kernel masks,
-and the suite's compiled steps (benchmarks.dropout_masks: masks from aten, multiply fused).
+and the suite's compiled steps (benchmarks.compare.dropout_masks: masks from aten, multiply fused).
 
     pytest benchmarks/timings/bench_dropout_masks.py --benchmark-columns=median,iqr
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.dropout_masks import inductor_with_aten_masks
+from benchmarks.compare.dropout_masks import inductor_with_aten_masks
 
 P_DROP = 0.1
 SHAPE = (1024, 2048)

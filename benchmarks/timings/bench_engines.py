@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.engines import EngineSettings, engine_rows
-from benchmarks.steps import decode_step
+from benchmarks.compare.steps import decode_step
+from benchmarks.engines.rows import EngineSettings, engine_rows
 from benchmarks.timings.bench_decode import MAX_LEN, SHAPES
 from benchmarks.timings.bench_speed import CONFIG, model_on
 from common.random_batch import random_batch

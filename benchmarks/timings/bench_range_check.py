@@ -15,8 +15,8 @@ import contextlib
 import pytest
 import torch
 
-from benchmarks.steps import forward_step
-from benchmarks.workload import TIMING_PRESETS
+from benchmarks.compare.steps import forward_step
+from benchmarks.compare.workload import TIMING_PRESETS
 from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
 from common.random_batch import random_batch

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.steps import forward_backward, forward_step
-from benchmarks.workload import TIMING_PRESETS, forward_flops, train_flops
+from benchmarks.compare.steps import forward_backward, forward_step
+from benchmarks.compare.workload import TIMING_PRESETS, forward_flops, train_flops
 from common.checks import check_forward, ids_range_checked
 from common.config import TransformerConfig
 from common.random_batch import random_batch

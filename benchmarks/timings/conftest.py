@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from benchmarks.machine import CpuSample, ThreadChoice, during, plural, read_sample, settle_threads
-from benchmarks.memory import keep_freed_memory
+from benchmarks.compare.machine import CpuSample, ThreadChoice, during, plural, read_sample, settle_threads
+from benchmarks.compare.memory import keep_freed_memory
 
 
 def pytest_configure(config):

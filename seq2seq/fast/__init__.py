@@ -1,4 +1,4 @@
-"""The fast decoding path, beside the engines (benchmarks/engines.py lists its rows, "inductor"
+"""The fast decoding path, beside the engines (benchmarks/engines/rows.py lists its rows, "inductor"
 and "onednn", next to ONNX Runtime and CTranslate2): greedy decoding and beam search over a
 fixed-shape static cache, for torch.compile and CUDA graphs, and the model's linears on
 oneDNN's packed product. It gives the tokens and hypotheses of the teaching decoders in

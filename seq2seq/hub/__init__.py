@@ -4,7 +4,7 @@ MarianMTModel (Helsinki-NLP opus-mt) and FSMTForConditionalGeneration (fairseq's
 
     families    each family's config read as a TransformerConfig, and the declarative map from
                 its Hugging Face tensors to the canonical weights
-    convert     a Hugging Face model (a folder, or a hub name) to a ModelFile: the map checked
+    from_hf     a Hugging Face model (a folder, or a hub name) to a ModelFile: the map checked
                 whole (shapes, every tensor read or known, the sinusoid table), forbidden ids
                 banned in the generator's bias, the tokenizer carried
     tokenizers  the two tokenizers as the model file carries them: Marian's two sentencepiece

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from seq2seq.hub.convert import hf_library
+from seq2seq.hub.from_hf import hf_library
 from seq2seq.hub.tokenizers import sacremoses_module, sentencepiece_module
 
 SOURCE_SENTENCES = (

@@ -6,7 +6,7 @@ checkpoints' weights (``python -m seq2seq.average`` is its command line).
 The paper's base model averages its last 5 checkpoints, written at 10-minute intervals; here
 they are the 5 highest steps in the directory. The mean is taken over canonical weights
 (``common.weights``), so it works for any variant, and the model file it writes loads into any
-variant (``seq2seq.training.checkpoint.build_model``). Each tensor's mean is computed in float64 and
+variant (``seq2seq.storage.model_file.build_model``). Each tensor's mean is computed in float64 and
 stored in the tensor's own dtype; averaging one checkpoint returns its weights unchanged.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-from seq2seq.training.checkpoint import ModelFile, load
+from seq2seq.storage.model_file import ModelFile, load
 
 
 def average_weights(states: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from common.checks import check_int
 from common.cli import one_line
-from seq2seq.training.checkpoint import Checkpoint, load_checkpoint, save
+from seq2seq.storage.model_file import Checkpoint, load_checkpoint, save
 from seq2seq.training.distributed import SINGLE, World
 from seq2seq.training.recipe import Recipe, StepReport
 from seq2seq.training.trainer import Trainer, seed_dropout

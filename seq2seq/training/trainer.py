@@ -9,7 +9,7 @@ stream, the steps done) and checkpoints and restores it exactly; ``train`` runs 
 
 Under torchrun each process trains on its shard of every batch and DDP averages the gradients
 (``seq2seq.training.distributed``); the update equals one process's on the whole batch. Checkpoints
-(``seq2seq.training.checkpoint``) resume a run exactly. Prints nothing: ``python -m seq2seq.train`` is
+(``seq2seq.storage.model_file``) resume a run exactly. Prints nothing: ``python -m seq2seq.train`` is
 the command line over this.
 """
 
@@ -19,15 +19,16 @@ import copy
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import Tensor, nn
 
 from common.checks import check_int
+from common.config import TransformerConfig
 from common.weights import apply_import, export_weights, prepare_import
+from seq2seq.storage.model_file import Checkpoint
 from seq2seq.training import distributed
-from seq2seq.training.checkpoint import Checkpoint, check_resumable
 from seq2seq.training.distributed import SINGLE, World
 from seq2seq.training.recipe import Recipe, StepReport, make_optimizer, train_step
 
@@ -267,3 +268,34 @@ def seed_dropout(seed: int, world: World = SINGLE) -> None:
     """Seed torch's global RNG (dropout) with ``seed + 2**30 + rank``: each rank its own stream,
     none of them the batch stream's (seed) or the held-out set's (seed + 2**31)."""
     torch.manual_seed(seed + DROPOUT_SEED_OFFSET + world.rank)
+
+
+def check_resumable(checkpoint: Checkpoint, *, variant: str, config: TransformerConfig,
+                    settings: Mapping[str, object], processes: int) -> None:
+    """Raise ``ValueError`` naming every way ``checkpoint`` is not this run's (nothing is loaded).
+
+    Resuming needs the same variant, config and settings, and as many processes: each process
+    keeps its own dropout RNG stream.
+    """
+    stored = {"variant": checkpoint.variant, "config": dataclasses.asdict(checkpoint.config),
+              "settings": checkpoint.settings}
+    problems = _differences("", stored, {"variant": variant, "config": dataclasses.asdict(config),
+                                         "settings": settings})
+    if len(checkpoint.rng) != processes:
+        problems.append(f"processes: checkpoint written by {len(checkpoint.rng)}, this run has "
+                        f"{processes} (each process keeps its own dropout RNG stream)")
+    if problems:
+        raise ValueError("checkpoint is not from this run:\n  " + "\n  ".join(problems))
+
+
+def _differences(prefix: str, stored: Mapping[str, object], current: Mapping[str, object]) -> list[str]:
+    """'prefix.key: checkpoint X, this run Y' for each key whose values differ, nested dicts by key
+    (``prefix`` ends with its dot)."""
+    found = []
+    for key in sorted({*stored, *current}, key=str):
+        mine, theirs = stored.get(key), current.get(key)
+        if isinstance(mine, Mapping) and isinstance(theirs, Mapping):
+            found += _differences(f"{prefix}{key}.", mine, theirs)
+        elif mine != theirs:
+            found.append(f"{prefix}{key}: checkpoint {mine!r}, this run {theirs!r}")
+    return found

@@ -105,7 +105,7 @@ def test_low_precision_table_is_what_the_script_prints_of_its_measurement(monkey
     tests/equivalence/test_numerics.py::test_the_recorded_measurement_is_what_the_script_measures.
     Together: the page shows a live measurement, measured once per run of the slow tests, not
     twice (each measurement takes minutes)."""
-    from benchmarks import low_precision
+    from benchmarks.studies import low_precision
 
     def recorded(seeds: int = low_precision.SEEDS):
         assert seeds == low_precision.SEEDS, "the page shows the default seeds"

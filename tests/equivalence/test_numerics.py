@@ -8,9 +8,9 @@ import contextlib
 import pytest
 import torch
 
-from benchmarks import low_precision
-from benchmarks.low_precision import CONFIG as LOW_PRECISION_CONFIG
-from benchmarks.low_precision import MEASURED
+from benchmarks.studies import low_precision
+from benchmarks.studies.low_precision import CONFIG as LOW_PRECISION_CONFIG
+from benchmarks.studies.low_precision import MEASURED
 from common.masks import padding_mask
 from common.random_batch import random_batch
 from common.weights import export_gradients, export_weights, import_weights, transfer
@@ -22,7 +22,7 @@ from variants import FROM_SCRATCH, REFERENCE, VARIANTS, build
 # and the tests of it are parametrised over ``FROM_SCRATCH`` instead of the ``variant`` fixture.
 
 # Low-precision bounds: largest |log p(low precision) - log p(float32)| allowed, all positions,
-# rtol 0, derived here from what benchmarks/low_precision.py measured (MEASURED: the worst case of
+# rtol 0, derived here from what benchmarks/studies/low_precision.py measured (MEASURED: the worst case of
 # each variant and mode over 48 runs, post-/pre-norm, 2 and 6 layers, 12 seeds) times MARGIN.
 # The runs below (seed 0, 2 layers, both norms) are among those 48 and measure about half
 # their worst case, so on the measuring machine the bounds hold with room; MARGIN is for
@@ -197,7 +197,7 @@ def compare_with_float32(variant: str, run, dtype: torch.dtype, device: str, ato
 
 
 def test_the_bounds_hold_the_model_the_script_measured():
-    """The bounds come from benchmarks/low_precision.py's measurement, made on its CONFIG, of
+    """The bounds come from benchmarks/studies/low_precision.py's measurement, made on its CONFIG, of
     every variant and mode that the tests bound."""
     assert small_config() == LOW_PRECISION_CONFIG
     assert {(mode, dtype) for _, dtype, mode in CPU_MODES.values()} == set(MEASURED)

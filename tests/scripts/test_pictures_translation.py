@@ -20,7 +20,7 @@ from seq2seq.data.corpus import normalize
 from seq2seq.data.ids import BOS_ID, EOS_ID
 from seq2seq.data.subwords import VocabularySettings, train_vocabulary
 from seq2seq.pipeline import TranslationSettings, translate_sentences
-from seq2seq.training.checkpoint import ModelFile, save
+from seq2seq.storage.model_file import ModelFile, save
 from tests.seq2seq.conftest import sample_pairs
 from variants import build
 

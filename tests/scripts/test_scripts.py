@@ -85,7 +85,7 @@ def test_the_gpu_script_runs_modules_and_files_that_exist():
     and every module and pytest file the script names is there."""
     script = (ROOT / "scripts" / "gpu_check.sh").read_text()
     modules = re.findall(r"\"\$PYTHON\" -m ([\w.]+)", script)
-    assert {"benchmarks.time_breakdown", "benchmarks.static_decode"} <= set(modules)
+    assert {"benchmarks.studies.time_breakdown", "benchmarks.studies.static_decode"} <= set(modules)
     assert [module for module in modules if importlib.util.find_spec(module) is None] == []
     paths = re.findall(r"pytest (\S+\.py)", script)
     assert paths and [path for path in paths if not (ROOT / path).is_file()] == []

@@ -25,7 +25,7 @@ from seq2seq.pipeline import (
     training_sentences,
     translate_sentences,
 )
-from seq2seq.training.checkpoint import ModelFile, _digest, build_model, load, save
+from seq2seq.storage.model_file import ModelFile, _digest, build_model, load, save
 from seq2seq.training.trainer import Trainer
 from tests.seq2seq.conftest import write_export
 from variants import build

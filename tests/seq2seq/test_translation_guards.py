@@ -29,8 +29,8 @@ from seq2seq.evaluation import corpus_scores
 from seq2seq.pipeline import TranslationModel, training_sentences
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
+from seq2seq.storage.model_file import ModelFile, load, save
 from seq2seq.training.averaging import average_files
-from seq2seq.training.checkpoint import ModelFile, load, save
 from seq2seq.training.recipe import StepReport
 from seq2seq.training.run import checkpoint_path, progress_bar
 from variants import build

@@ -23,10 +23,10 @@ import compare
 from common.config import TransformerConfig
 from common.weights import export_weights
 from seq2seq import average, decode, train
-from seq2seq.training.checkpoint import ModelFile, save
+from seq2seq.storage.model_file import ModelFile, save
 from seq2seq.training.run import checkpoint_path
 from tests.seq2seq.commands.test_translate import one_line_error
-from tests.seq2seq.training.test_checkpoint import files, saved_run
+from tests.seq2seq.storage.test_checkpoint import files, saved_run
 from variants import build
 
 ROOT = Path(__file__).resolve().parents[3]

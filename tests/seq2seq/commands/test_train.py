@@ -21,12 +21,12 @@ from common.bfloat16 import Bfloat16Support
 from seq2seq import decode, train
 from seq2seq.data.corpus import CorpusSettings, load_corpus
 from seq2seq.options import add_options, bf16_choice, settings_from_options
+from seq2seq.storage.model_file import load_checkpoint
 from seq2seq.train import main, parse_args
-from seq2seq.training.checkpoint import load_checkpoint
 from seq2seq.training.run import checkpoint_path, list_checkpoints
 from tests.seq2seq.commands.test_translate import TINY_MODEL, one_line_error
 from tests.seq2seq.conftest import write_export
-from tests.seq2seq.training.test_checkpoint import DAMAGES, cli_options, files, run_cli
+from tests.seq2seq.storage.test_checkpoint import DAMAGES, cli_options, files, run_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 LIBRARY = ("common", "variants", "seq2seq", "benchmarks", "scripts")

@@ -19,7 +19,7 @@ from common.weights import export_weights
 from seq2seq import average, pipeline, train, translate
 from seq2seq.data.corpus import CorpusSettings, load_corpus
 from seq2seq.data.subwords import Vocabulary
-from seq2seq.training.checkpoint import ModelFile, load, save
+from seq2seq.storage.model_file import ModelFile, load, save
 from seq2seq.training.recipe import StepReport
 from seq2seq.training.run import list_checkpoints, progress_bar
 from variants import build

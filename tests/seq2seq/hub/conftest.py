@@ -13,8 +13,8 @@ pytest.importorskip("sacremoses", reason="the hf extra (sacremoses) is not insta
 pytest.importorskip("sentencepiece", reason="the translate extra (sentencepiece) is not installed")
 
 from seq2seq.hub import tiny
-from seq2seq.hub.convert import convert
-from seq2seq.training.checkpoint import ModelFile
+from seq2seq.hub.from_hf import convert
+from seq2seq.storage.model_file import ModelFile
 
 
 @dataclass(frozen=True)

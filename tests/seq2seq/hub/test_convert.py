@@ -11,7 +11,8 @@ import torch
 from seq2seq import convert as command
 from seq2seq import translate
 from seq2seq.hub import tiny
-from seq2seq.hub.convert import (
+from seq2seq.hub.families import FAMILIES
+from seq2seq.hub.from_hf import (
     BANNED_LOGIT,
     canonical_weights,
     convert,
@@ -19,8 +20,7 @@ from seq2seq.hub.convert import (
     load_hf_model,
     marian_model,
 )
-from seq2seq.hub.families import FAMILIES
-from seq2seq.training.checkpoint import load, save
+from seq2seq.storage.model_file import load, save
 
 # what each tiny checkpoint's config reads as (seq2seq/hub/tiny.py builds them)
 EXPECTED = {

@@ -19,11 +19,11 @@ import torch
 from common.masks import decoder_mask, padding_mask
 from seq2seq import translate
 from seq2seq.hub import tiny
-from seq2seq.hub.convert import BANNED_LOGIT
+from seq2seq.hub.from_hf import BANNED_LOGIT
 from seq2seq.hub.tokenizers import tokenizer_from_record
 from seq2seq.search.beam import beam_search, length_penalty
 from seq2seq.search.greedy import greedy_decode
-from seq2seq.training.checkpoint import build_model, save
+from seq2seq.storage.model_file import build_model, save
 
 TOLERANCE = 1e-9  # max |Δ log-prob| in float64
 MAX_LEN = 20  # the searches' length limit, the start id included

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 from common.random_batch import random_batch
 from common.weights import export_weights
 from seq2seq.data.tasks import task_batches
-from seq2seq.training.checkpoint import build_model, load, load_checkpoint, save
+from seq2seq.storage.model_file import build_model, load, load_checkpoint, save
 from seq2seq.training.distributed import (
     SINGLE,
     World,

@@ -1,0 +1,124 @@
+"""``--processes N``: the whole measurement repeated in N fresh interpreters, their rounds pooled.
+
+    report = run_processes(settings)   # settings.processes fresh processes, one report
+
+A process's threads' placement and its allocator's state hold for all of its rounds (where its
+weights lie is drawn anew every round: ``benchmarks.compare.placement``), so one process's rounds share
+them and its interval cannot see them vary. Each process
+here runs ``benchmarks.compare.run.run`` on the same settings (its rounds' orders seeded by its index),
+writes its report as JSON, and the reports are pooled: every row's rounds concatenated with
+the index of the process that timed them, so that each ratio's interval resamples processes
+and then rounds (``benchmarks.compare.ratios``), and its times are the median of the processes'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import pickle
+import statistics
+import subprocess
+import sys
+
+from benchmarks.compare.report import add_ratios
+from benchmarks.compare.run import run
+from benchmarks.compare.settings import Settings
+
+# a row's fields that are one process's measurements: pooled as the median over processes
+MEASURED_SUFFIXES = ("_ms", "_iqr_ms", "_tokens_per_s", "_gflops", "_pct_peak", "_peak_mb",
+                     "_page_faults_per_step")
+
+
+def run_processes(settings: Settings) -> dict:
+    """``settings`` measured in ``settings.processes`` fresh interpreters, one after another;
+    the pooled report. Peak memory and cache bytes, the same in every process, are measured in
+    the first alone (about 4 s a process on the small preset). A process that fails raises
+    RuntimeError with its last line of stderr."""
+    reports = []
+    processes = settings.processes
+    for index in range(processes):
+        settings_of_one = dataclasses.replace(settings, order_seed=index, processes=1, show_progress=False,
+                                              measure_memory=settings.measure_memory and index == 0)
+        done = subprocess.run([sys.executable, "-m", "benchmarks.compare.processes"],
+                              input=pickle.dumps(settings_of_one), capture_output=True, check=False)
+        if done.returncode != 0:
+            last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"process {index + 1} of {processes} failed: {last}")
+        reports.append(json.loads(done.stdout))
+    return pool(reports)
+
+
+def pool(reports: list[dict]) -> dict:
+    """One report from several processes' reports of the same settings; ValueError for no
+    reports, or reports whose blocks do not match."""
+    if not reports:
+        raise ValueError("pool needs at least one report, got none")
+    first = reports[0]
+    counts = [len(report["blocks"]) for report in reports]
+    if len(set(counts)) > 1:
+        raise ValueError(f"pool needs reports of the same settings: their block counts differ ({counts})")
+    meta = {**first["meta"], "processes": sum(report["meta"].get("processes") or 1 for report in reports),
+            "contended": any(report["meta"]["contended"] for report in reports)}
+    blocks = [pool_block([report["blocks"][index] for report in reports], meta["order_seed"])
+              for index in range(len(first["blocks"]))]
+    return {"meta": meta, "blocks": blocks}
+
+
+def pool_block(blocks: list[dict], seed: int) -> dict:
+    """One block from the processes' copies of it: rows and control pooled, the rounds' record
+    concatenated, the ratios made again over every process's rounds."""
+    pooled = {**blocks[0]}
+    # a block that is itself pooled keeps its processes apart: its labels shifted past the others'
+    inner = [block["rounds"].get("process") or [0] * len(block["rounds"]["orders"]) for block in blocks]
+    offsets = list(itertools.accumulate((max(labels, default=0) + 1 for labels in inner[:-1]), initial=0))
+    pooled["rows"] = [pool_row([block["rows"][index] for block in blocks], offsets)
+                      for index in range(len(blocks[0]["rows"]))]
+    if blocks[0].get("control"):
+        pooled["control"] = pool_row([block["control"] for block in blocks], offsets)
+    pooled["rounds"] = {"orders": [order for block in blocks for order in block["rounds"]["orders"]],
+                        "seed": [seed for block in blocks for seed in as_list(block["rounds"]["seed"])],
+                        "others": [value for block in blocks for value in block["rounds"]["others"]],
+                        "contended": [flag for block in blocks for flag in block["rounds"]["contended"]],
+                        "replace_s": [seconds for block in blocks
+                                      for seconds in block["rounds"].get("replace_s", [])],
+                        "process": [offset + label for offset, labels in zip(offsets, inner, strict=True)
+                                    for label in labels]}
+    add_ratios(pooled, seed)
+    return pooled
+
+
+def as_list(value: object) -> list:
+    """A pooled block's list of seeds as it is, one process's seed as a list of one."""
+    return value if isinstance(value, list) else [value]
+
+
+def pool_row(rows: list[dict], offsets: list[int]) -> dict:
+    """A row from its processes' copies: each mode's rounds concatenated with their process
+    index (``{mode}_rounds_process``: a copy's own labels, if it was pooled, shifted by its
+    offset), its measured fields the median of the copies' where every copy measured them (peak
+    memory, measured by the first alone, is the first's), an error if any copy had one."""
+    pooled = {**rows[0]}
+    for key in rows[0]:
+        values = [row.get(key) for row in rows]
+        if key.endswith("_rounds_s"):
+            pooled[key] = [seconds for row in rows for seconds in row[key]]
+            labels = key.replace("_rounds_s", "_rounds_process")
+            pooled[labels] = [offset + label for row, offset in zip(rows, offsets, strict=True)
+                              for label in row.get(labels) or [0] * len(row[key])]
+        elif key.endswith("_error"):
+            pooled[key] = next((value for value in values if value), None)
+        elif key.endswith(MEASURED_SUFFIXES) and all(isinstance(value, (int, float)) for value in values):
+            pooled[key] = statistics.median(values)
+    return pooled
+
+
+def main() -> int:
+    """One process of ``run_processes``: pickled settings on stdin, the JSON report on stdout."""
+    settings = pickle.load(sys.stdin.buffer)
+    sys.stdout.write(json.dumps(run(settings)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
