@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 from tests.docs.pages import README, ROOT, section
 
 README_LIMIT = 15_000  # bytes
@@ -26,3 +28,11 @@ def test_quick_start_runs_and_the_two_variants_agree():
     exec(code, namespace)
     assert namespace["a"].shape == (2, 7, 100)
     assert (namespace["a"] - namespace["b"]).abs().max() < 1e-5
+
+
+def test_quick_start_imports_only_what_it_uses():
+    tree = ast.parse(section("Quick start").split("```python\n", 1)[1].split("```", 1)[0])
+    imported = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import | ast.ImportFrom) for alias in node.names}
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert imported <= used, f"the quick start imports and never uses {sorted(imported - used)}"

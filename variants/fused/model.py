@@ -11,15 +11,11 @@ additive mask once per stack, keeping the from-scratch variants' fully masked ro
 Incremental decoding (``start_cache`` and ``step``, the suite's addition) sits below each class's
 forward path; its cache keeps keys and values with the heads merged, (B, t, D), as projected.
 
-A static-shape cached step, fused's alone (the speed row), lives in ``variants/fused/static.py``:
-``start_static_cache`` and ``static_step``, for ``torch.compile(mode="reduce-overhead")``. The
-one place it meets this file is the layer cache's ``add``: a growing cache appends a step's keys
-and values, a static one writes them at its position.
+fused's static-shape step (``variants/fused/static.py``, for ``torch.compile``) meets this file
+only at the layer cache's ``add``: a growing cache appends keys and values, a static one writes.
 
-The export stages (``export_encode``, ``export_start_cache``, ``export_decode_step``,
-``export_project``) are the four stages unchecked, for the ONNX exporter to trace
-(``seq2seq.deploy.onnx_runtime``): the checks read ids and masks on the host, which a trace
-cannot keep; the exporter checks its inputs at its own boundary.
+The ``export_*`` stages are the four stages unchecked, for the ONNX exporter to trace
+(``seq2seq.deploy.onnx_runtime``), which checks its inputs at its own boundary.
 
 Shape legend:
     B  batch            S  source length     T  target length (or the query length)

@@ -352,3 +352,13 @@ def test_a_probability_is_named_dropout_p(path):
                 if isinstance(target, ast.Attribute):
                     assert target.attr == "dropout_p", \
                         f"{path.name}:{node.lineno} names a probability {target.attr}"
+
+
+LONGEST_FILE = 400  # lines: a file in variants/ is read top to bottom, in one sitting
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "variants").rglob("*.py")),
+                         ids=lambda path: str(path.relative_to(ROOT)))
+def test_no_file_in_variants_is_longer_than_a_sitting(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= LONGEST_FILE, f"{path.relative_to(ROOT)} has {lines} lines (at most {LONGEST_FILE})"
