@@ -28,7 +28,7 @@ RUNS = [report((1.10, 1.05, 1.15), (1.00, 0.98, 1.02)),
 
 
 def test_each_interval_is_counted_against_the_reference_and_the_control_against_one():
-    found = {c.name: c for c in coverage.coverage(RUNS, reference=report((1.12, 0, 2), (1.0, 0, 2)))}
+    found = {c.name: c for c in coverage.coverage(RUNS, reference=report((1.12, 0.5, 2), (1.0, 0.5, 2)))}
     assert set(found) == {"explicit forward ×torch", "control forward"}
     explicit, control = found["explicit forward ×torch"], found["control forward"]
     assert (explicit.covered, explicit.runs) == (2, 3) and explicit.misses == ("1.200 [1.160, 1.240]",)
@@ -38,7 +38,7 @@ def test_each_interval_is_counted_against_the_reference_and_the_control_against_
 
 def test_without_a_reference_the_runs_pooled_are_the_truth(monkeypatch):
     pooled = []
-    monkeypatch.setattr(coverage, "pool", lambda runs: pooled.append(runs) or report((1.2, 0, 2), (1, 0, 2)))
+    monkeypatch.setattr(coverage, "pool", lambda runs: pooled.append(runs) or report((1.2, 0.5, 2), (1, 0.5, 2)))
     found = {c.name: c for c in coverage.coverage(RUNS)}
     assert pooled == [RUNS]
     assert found["explicit forward ×torch"].covered == 1  # only the second run holds 1.2
@@ -55,7 +55,7 @@ def test_one_run_is_refused_and_the_command_says_so_in_one_line(tmp_path, capsys
 
 def test_the_command_prints_the_table(tmp_path, capsys):
     paths = []
-    for index, run in enumerate([*RUNS, report((1.12, 0, 2), (1.0, 0, 2))]):
+    for index, run in enumerate([*RUNS, report((1.12, 0.5, 2), (1.0, 0.5, 2))]):
         paths.append(tmp_path / f"{index}.json")
         paths[-1].write_text(json.dumps(run), encoding="utf-8")
     assert coverage.main([str(p) for p in paths[:3]] + ["--reference", str(paths[3])]) == 0
@@ -68,7 +68,7 @@ def test_the_command_prints_the_table(tmp_path, capsys):
 def test_a_file_may_hold_a_list_of_runs(tmp_path, capsys):
     runs, reference = tmp_path / "runs.json", tmp_path / "reference.json"
     runs.write_text(json.dumps(RUNS), encoding="utf-8")
-    reference.write_text(json.dumps(report((1.12, 0, 2), (1.0, 0, 2))), encoding="utf-8")
+    reference.write_text(json.dumps(report((1.12, 0.5, 2), (1.0, 0.5, 2))), encoding="utf-8")
     assert coverage.main([str(runs), "--reference", str(reference)]) == 0
     assert "2/3" in capsys.readouterr().out
 
@@ -91,3 +91,91 @@ def test_recompute_reads_each_run_again_from_its_rounds():
     again = {c.name: c for c in coverage.coverage(runs, recompute=True)}["explicit forward ×torch"]
     assert as_printed.reference == pytest.approx(1.3) and as_printed.covered == 0
     assert again.covered == 2 and again.widest < 0.01
+
+
+def test_the_control_is_held_against_one_not_the_references_control():
+    """A reference whose control is steadily biased (1.10): a run's control interval holding 1
+    but not 1.10 still covers, and one holding 1.10 but not 1 misses."""
+    runs = [report((1.10, 1.05, 1.15), (1.00, 0.98, 1.02)),   # holds 1, not 1.10
+            report((1.12, 1.08, 1.16), (1.10, 1.05, 1.15))]   # holds 1.10, not 1
+    found = {c.name: c for c in coverage.coverage(runs, reference=report((1.12, 1.1, 1.2), (1.10, 1.05, 1.15)))}
+    control = found["control forward"]
+    assert (control.reference, control.covered, control.runs) == (1.0, 1, 2)
+    assert control.misses == ("1.100 [1.050, 1.150]",)
+
+
+def test_the_pooled_control_is_not_the_target_either(monkeypatch):
+    runs = [report((1.10, 1.05, 1.15), (1.00, 0.98, 1.02)), report((1.12, 1.08, 1.16), (1.01, 0.97, 1.03))]
+    monkeypatch.setattr(coverage, "pool", lambda runs: report((1.11, 1.0, 1.2), (1.2, 1.1, 1.3)))
+    control = {c.name: c for c in coverage.coverage(runs)}["control forward"]
+    assert (control.reference, control.covered) == (1.0, 2)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "1.1", None, True])
+def test_a_ratio_that_is_not_finite_and_positive_is_refused_by_name(bad):
+    run = report((1.10, 1.05, 1.15), (1.00, 0.98, 1.02))
+    run["blocks"][0]["rows"][0]["forward_vs_torch"] = bad
+    if bad is None:  # a row without the ratio has none to check
+        assert "explicit forward ×torch" not in coverage.ratios(run)
+        return
+    with pytest.raises(ValueError, match=r"explicit forward ×torch: its ratio is .*finite positive"):
+        coverage.ratios(run)
+
+
+@pytest.mark.parametrize("end", ["forward_vs_torch_low", "forward_vs_torch_high"])
+def test_an_interval_end_of_zero_is_refused_too(end):
+    run = report((1.10, 1.05, 1.15), (1.00, 0.98, 1.02))
+    run["blocks"][0]["control"][end] = 0
+    with pytest.raises(ValueError, match="control forward: its interval's"):
+        coverage.ratios(run)
+
+
+def test_runs_with_different_rows_are_refused_naming_them():
+    other = report((1.10, 1.05, 1.15), (1.00, 0.98, 1.02))
+    other["blocks"][0]["rows"].insert(0, {"variant": "fused"})
+    with pytest.raises(ValueError, match=r"run 2 has the rows fused, explicit, torch, but run 1 has explicit, torch"):
+        coverage.coverage([RUNS[0], other])
+    lacking = report((1.10, 1.05, 1.15), (1.00, 0.98, 1.02))
+    del lacking["blocks"][0]["control"]
+    with pytest.raises(ValueError, match=r"run 3 does not hold the ratios of run 1: it lacks control forward"):
+        coverage.coverage([RUNS[0], RUNS[1], lacking])
+    with pytest.raises(ValueError, match=r"the reference does not hold .* lacks control forward"):
+        coverage.coverage(RUNS, reference=lacking)
+
+
+def write(path, value):
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize(("content", "said"), [
+    ("", "is empty"), ('{"blocks": [', "is not JSON"), ('"a report"', "holds a JSON string"),
+    ("3", "holds a JSON number"), ("null", "holds a JSON null"), ("[1, 2, 3]", "run 1 of its list is not a"),
+    ("[]", "holds an empty list"), ('{"meta": {}, "blocks": []}', "no 'blocks' list"),
+])
+def test_a_file_that_is_not_a_report_is_one_line_naming_it(tmp_path, capsys, content, said):
+    bad = tmp_path / "bad.json"
+    bad.write_text(content, encoding="utf-8")
+    good = write(tmp_path / "good.json", RUNS)
+    for argv in ([str(bad), good], [good, "--reference", str(bad)]):
+        assert coverage.main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(bad) in err and said in err
+
+
+def test_a_zero_ratio_in_a_file_is_one_line_naming_the_file_and_the_ratio(tmp_path, capsys):
+    zero = report((0.0, 1.05, 1.15), (1.00, 0.98, 1.02))
+    path = write(tmp_path / "zero.json", [RUNS[0], zero])
+    assert coverage.main([path, write(tmp_path / "ok.json", RUNS[1])]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "zero.json: run 2 of its list explicit forward ×torch: its ratio is 0.0" in err
+
+
+def test_the_reference_may_be_a_list_of_runs_which_is_pooled(tmp_path, capsys, monkeypatch):
+    pooled = []
+    monkeypatch.setattr(coverage, "pool", lambda runs: pooled.append(runs) or report((1.12, 1.1, 1.2),
+                                                                                       (1.0, 0.9, 1.1)))
+    reference = write(tmp_path / "reference.json", RUNS[:2])
+    assert coverage.main([write(tmp_path / "runs.json", RUNS), "--reference", reference]) == 0
+    assert pooled == [RUNS[:2]]
+    assert "| explicit forward ×torch | 1.120" in capsys.readouterr().out
