@@ -14,7 +14,9 @@ recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws th
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
     python compare.py --processes 1                     # one interpreter, 10 rounds (about 50 s)
-    python compare.py --precision 0.03                  # rounds until every ratio is within ±3%
+    python compare.py --resolution 0.03                 # 1 process, rounds added until every ratio's
+                                                        # 95% interval is within ±3% (default:
+                                                        # 3 processes x 4 rounds on the CPU)
 
 This file is the command line only: options (``benchmarks.compare.settings.add_options``) -> ``Settings`` ->
 ``benchmarks.compare.run.run`` -> ``benchmarks.compare.render.render``. The method is in ``benchmarks/``.

@@ -22,7 +22,7 @@ resample. One process is the same bootstrap with one level.
 
 Last, which ratios a compare.py table prints (``TABLE_RATIOS``: decoding against ``fused``'s
 cached decoding, since torch has no cache) and how far each is resolved (``ratio_widths``, the
-relative half-width of its interval), which ``--precision`` and the table's resolution line read.
+relative half-width of its interval), which ``--resolution`` and the table's resolution line read.
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def round_orders(names: Sequence[str], rounds: int, seed: int) -> list[list[str]
 def each_round_order(names: Sequence[str], rounds: int | None, seed: int) -> Iterator[list[str]]:
     """``round_orders``, one round at a time: a run draws each round's order as the round
     starts, so that ``--rounds 1000000000`` starts timing at once; ``rounds`` None draws without
-    end (``--precision`` stops when it is met), the same orders as far as they go. ValueError
+    end (``--resolution`` stops when it is met), the same orders as far as they go. ValueError
     or TypeError for a count of rounds or a seed no run could use, before the first order is
     drawn."""
     if rounds is not None:
@@ -198,7 +198,7 @@ DECODE_VS_BASELINE = f"decode_vs_{DECODE_BASELINE}"
 # the control's ratio that stands for a key's resolution (the control is torch's copy, so it has
 # no cached decoding: its decode ratio, full recompute against full recompute, stands in)
 CONTROL_KEY = {DECODE_VS_BASELINE: "decode_vs_torch"}
-# the ratios the compact table prints, which --precision resolves and the resolution line reads:
+# the ratios the compact table prints, which --resolution resolves and the resolution line reads:
 # the rows' (key: its title) and the control's
 TABLE_RATIOS = {"forward_vs_torch": "fwd ×torch", "train_vs_torch": "train ×torch",
                 DECODE_VS_BASELINE: f"decode ×{DECODE_BASELINE}"}

@@ -362,7 +362,7 @@ def control_warnings(report: dict) -> list[str]:
 def resolution_line(block: dict, wide: bool = False) -> str | None:
     """``ratios resolved to ±4.1% (95%; widest: explicit train ×torch)``: the widest relative
     half-width of the ratios the table prints and the control's (``report.ratio_widths``);
-    with --precision, whether it met the precision asked, and if not, what fell short."""
+    with --resolution, whether it met the resolution asked, and if not, what fell short."""
     widths = ratio_widths(block)
     if not widths:
         return None
@@ -372,7 +372,7 @@ def resolution_line(block: dict, wide: bool = False) -> str | None:
     shown = "" if wide else ", in --wide"
     line = f"ratios resolved to ±{widths[widest]:.1%} (95% intervals{shown}; widest: {widest})"
     rounds = block.get("rounds") or {}
-    asked = rounds.get("precision")
+    asked = rounds.get("resolution")
     if not asked:
         return line
     count = len(rounds.get("orders", []))

@@ -49,8 +49,8 @@ def meta(settings: Settings, allocator: str, cores_during: dict | None = None) -
             "config": dataclasses.asdict(s.config), "autocast": s.autocast, "compile": s.compile,
             "freeze": s.freeze, "decode_len": s.decode_len, "all_decoders": s.all_decoders,
             "rounds": s.rounds, "min_run_time": s.min_run_time, "control": s.control,
-            "order_seed": s.order_seed, "replace_weights": s.replacing, "precision": s.precision,
-            "max_seconds": s.max_seconds if s.precision is not None else None, "allocator": allocator,
+            "order_seed": s.order_seed, "replace_weights": s.replacing, "resolution": s.resolution,
+            "max_seconds": s.max_seconds if s.resolution is not None else None, "allocator": allocator,
             "flops": "forward_flops (benchmarks/compare/workload.py); train step = 3x forward",
             "command": s.command}
 

@@ -6,7 +6,7 @@
 Each block (a device, a dtype, a shape) builds a row per variant with the reference's weights,
 checks their log-probs against the reference, warms every step up, times the steps in
 interleaved rounds beside the matmul peak (each round after re-placing every row's weights in
-fresh memory; with ``--precision``, rounds until every ratio is resolved to it), then measures
+fresh memory; with ``--resolution``, rounds until every ratio is resolved to it), then measures
 each step's peak memory and the bytes of each key/value cache. Deployment engines
 (``settings.engines``) join a CPU float32 block as decode-only rows holding the reference's
 weights, timed in the same rounds.
@@ -80,7 +80,7 @@ class Block:
 
 def run(settings: Settings) -> dict:
     """Measure every (device, dtype, shape) block of ``settings``; return the report."""
-    deadline = perf_counter() + settings.max_seconds  # --precision's cap on adding rounds
+    deadline = perf_counter() + settings.max_seconds  # --resolution's cap on adding rounds
     plan = list(itertools.product(settings.devices, settings.dtypes, settings.shapes))
     with configured_process(settings) as allocator, \
             tqdm(total=sum(block_phases(settings, device, dtype_name) for device, dtype_name, _ in plan),
@@ -95,7 +95,7 @@ def run(settings: Settings) -> dict:
 def block_phases(settings: Settings, device: str, dtype_name: str) -> int:
     """How many phases ``run_block`` counts on the progress bar for one block: the log-prob
     check, a warm-up per timed row (the control's too), the engines' export where they join,
-    every mode of every round (``--precision`` adds its further rounds as they start), the peak
+    every mode of every round (``--resolution`` adds its further rounds as they start), the peak
     memory."""
     timed = len(settings.variants) + int(settings.control and REFERENCE in settings.variants)
     exports = int(engines_join(settings, device, dtype_name))
@@ -302,23 +302,23 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm,
     matmul peak, then each mode for every row once, the rows in a fresh shuffled order each
     round, so that drift, bursts of other work and where each model's weights lie hit rows at
     random rather than always the same one. ``settings.rounds`` rounds; with
-    ``settings.precision``, more until ``precision_met`` or until the clock passes ``deadline``.
+    ``settings.resolution``, more until ``resolution_met`` or until the clock passes ``deadline``.
     Returns the matmul peak (at this model's GEMM shapes and a large square) and the rounds'
     record: their orders, and other processes' use of the cores in each (cores' worth) with
     whether it left fewer free cores than the run's threads, the seconds each re-placing took
-    (none when not re-placing); with precision, whether it was met."""
+    (none when not re-placing); with a resolution, whether it was met."""
     peak = MatmulPeak(block.device, block.dtype, settings.threads,
                       gemm_shapes(settings.config, block.shape, block.device))
     by_name = {row.variant: row for row in timed}
     placement = Placement(settings.order_seed) if settings.replacing else None
     orders, others, contended, replacing = [], [], [], []
-    adaptive = settings.precision is not None
+    adaptive = settings.resolution is not None
     met = False
     # each round's order drawn as it starts (the same orders as round_orders'): a run of many
-    # rounds starts timing at once, and --precision's draws as many as it needs
+    # rounds starts timing at once, and --resolution's draws as many as it needs
     drawn = each_round_order(list(by_name), None if adaptive else settings.rounds, settings.order_seed)
     for round_index, order in enumerate(drawn):
-        if round_index >= settings.rounds:  # --precision's further rounds: stop, or count one more
+        if round_index >= settings.rounds:  # --resolution's further rounds: stop, or count one more
             if met or perf_counter() >= deadline:
                 break
             bar.total = (bar.total or 0) + len(settings.modes)
@@ -339,23 +339,24 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm,
         others.append(cores["others_during"] if cores else None)
         contended.append(cores["contended_during"] if cores else None)
         if adaptive and round_index + 1 >= settings.rounds:
-            met = precision_met(timed, settings)
+            met = resolution_met(timed, settings)
     record = {"orders": orders, "seed": settings.order_seed, "others": others, "contended": contended,
               "replace_s": replacing}
     if adaptive:
-        record["precision"] = {"target": settings.precision, "met": met, "max_seconds": settings.max_seconds}
+        record["resolution"] = {"target": settings.resolution, "met": met,
+                                "max_seconds": settings.max_seconds}
     return peak.peak(), record
 
 
-def precision_met(timed: list[Row], settings: Settings) -> bool:
+def resolution_met(timed: list[Row], settings: Settings) -> bool:
     """Whether every ratio the table prints, and the control's, is resolved to within
-    ``settings.precision`` by the rounds so far (``report.ratio_widths``, the same intervals
+    ``settings.resolution`` by the rounds so far (``report.ratio_widths``, the same intervals
     the report will give, from the same seed)."""
     fields = [{"variant": row.variant, **rounds_fields(row, settings.modes)} for row in timed]
     control = next((row for row in fields if row["variant"] == CONTROL), None)
     block = {"rows": [row for row in fields if row is not control], "control": control}
     add_ratios(block, settings.seed)
-    return all(width is not None and width <= settings.precision for width in ratio_widths(block).values())
+    return all(width is not None and width <= settings.resolution for width in ratio_widths(block).values())
 
 
 def time_cell(row: Row, mode: str, settings: Settings, block: Block) -> None:

@@ -27,8 +27,8 @@ MIN_RUN_TIME = 0.05
 # several processes put that spread inside the intervals (docs/results/cpu-small-coverage.md)
 PROCESSES = 3
 ROUNDS_PER_PROCESS = 4
-# --precision's cap on the whole run's seconds: rounds are added until each ratio is resolved
-# to the precision asked, or until this
+# --resolution's cap on the whole run's seconds: rounds are added until each ratio is resolved
+# to the fraction asked, or until this
 MAX_SECONDS = 600.0
 
 
@@ -50,7 +50,7 @@ class Settings:
     threads: int = field(default_factory=torch.get_num_threads)  # CPU threads, set for the run
     thread_choice: ThreadChoice | None = None  # how `threads` was chosen and how busy the cores
     # were before the run (benchmarks.compare.machine.settle_threads); None: not checked
-    rounds: int = ROUNDS  # rounds (with precision: the least; with processes: each process's);
+    rounds: int = ROUNDS  # rounds (with resolution: the least; with processes: each process's);
     # each times every row once, in a fresh shuffled order
     processes: int = 1  # fresh interpreters that repeat the rounds, pooled (benchmarks.compare.processes)
     min_run_time: float = MIN_RUN_TIME  # seconds of a cell's block of calls a round (at least one)
@@ -60,9 +60,10 @@ class Settings:
     replace_weights: bool = True  # before every round, copy each row's weights to fresh memory
     # behind a random gap (benchmarks.compare.placement), so that where they lie varies inside the
     # intervals; not with compile (the compiled graphs hold the weights)
-    precision: float | None = None  # with it, rounds past `rounds` (then the least) until every
-    # ratio's 95% interval is within ±precision of it (0.03: ±3%), or until max_seconds
-    max_seconds: float = MAX_SECONDS  # with precision: no round starts once the run is this old
+    resolution: float | None = None  # a fraction below 1: with it, rounds past `rounds` (then the
+    # least) until every ratio's 95% interval is within ±resolution of it (0.03: ±3%), or until
+    # max_seconds; one process only
+    max_seconds: float = MAX_SECONDS  # with resolution: no round starts once the run is this old
     decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column
     all_decoders: bool = False  # also greedy by full recompute and beam 4 (compare.py --all-decoders)
     seed: int = 0  # the weights' and the batch's seed
@@ -75,18 +76,23 @@ class Settings:
 
     def __post_init__(self) -> None:
         """The numbers a run would otherwise trip on only after timing: its seeds (the intervals'
-        resampling is seeded too; ``common.checks.check_seed``), its rounds and processes, the precision asked
-        (a fraction below 1) and the time cap."""
+        resampling is seeded too; ``common.checks.check_seed``), its rounds and processes, the
+        resolution asked (a fraction below 1, in one process), the time cap, and the one switch a
+        truthy string would silently turn on. compare.py reports these as usage errors, each
+        field named by its option (``OPTIONS``): this is their one check."""
         check_seed("Settings.seed", self.seed)
         check_seed("Settings.order_seed", self.order_seed)
         check_int("Settings.rounds", self.rounds, low=1)
         check_int("Settings.processes", self.processes, low=1)
-        if self.precision is not None and self.processes > 1:
-            raise ValueError("Settings.precision adds rounds in one process; with processes > 1 "
-                             "give rounds instead")
-        if self.precision is not None:
-            check_number("Settings.precision", self.precision, high=1.0)
+        if self.resolution is not None and self.processes > 1:
+            raise ValueError("Settings.resolution adds rounds in one process; with Settings.processes > 1 "
+                             "give Settings.rounds instead")
+        if self.resolution is not None:
+            check_number("Settings.resolution", self.resolution, high=1.0)
         check_number("Settings.max_seconds", self.max_seconds)
+        if not isinstance(self.replace_weights, bool):
+            raise TypeError(f"Settings.replace_weights must be True or False, got "
+                            f"{type(self.replace_weights).__name__} {self.replace_weights!r}")
 
     @property
     def replacing(self) -> bool:
@@ -149,19 +155,21 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="rounds (a process's, with several), each timing every row once in a fresh "
                              "shuffled order; ratios are paired by round, with 95%% intervals over them "
                              f"(default {ROUNDS} in one process, {ROUNDS_PER_PROCESS} each in several; "
-                             "with --precision, the least)")
+                             "with --resolution, the least)")
     parser.add_argument("--min-run-time", type=positive(float), default=MIN_RUN_TIME, metavar="SECONDS",
                         help="seconds of a cell's block of calls in a round, at least one call "
                              f"(default {MIN_RUN_TIME})")
     parser.add_argument("--no-control", action="store_true",
                         help="do not time torch a second time as the control (torch against itself, "
                              "the run's resolution; on by default)")
-    parser.add_argument("--precision", type=positive(float), metavar="FRACTION",
-                        help="add rounds past --rounds (then the least) until every ratio's 95%% "
-                             "interval is within ±FRACTION of it (0.03: ±3%%), or --max-seconds; says "
-                             "which fell short")
-    parser.add_argument("--max-seconds", type=positive(float), metavar="SECONDS",
-                        help="with --precision: start no round once the run is this old "
+    parser.add_argument("--resolution", type=float, metavar="FRACTION",
+                        help="rounds until every ratio's 95%% interval is within ±FRACTION of it "
+                             "(0.03: ±3%%), a fraction below 1: the run is then 1 process, not the "
+                             f"default {PROCESSES} processes x {ROUNDS_PER_PROCESS} rounds on the CPU, "
+                             f"and adds rounds, one at a time, past --rounds (then the least, default "
+                             f"{ROUNDS}) until then or --max-seconds; the table says which fell short")
+    parser.add_argument("--max-seconds", type=float, metavar="SECONDS",
+                        help="with --resolution: start no round once the run is this old "
                              f"(default {MAX_SECONDS:g})")
     parser.add_argument("--replace-weights", action=argparse.BooleanOptionalAction, default=True,
                         help="before every round, copy each row's weights to fresh memory behind a random "
@@ -170,7 +178,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--processes", type=positive(int), metavar="N",
                         help="repeat the measurement in N fresh interpreters and pool their rounds; "
                              f"intervals then resample processes, then rounds (default {PROCESSES} on "
-                             "the CPU alone without --rounds, --precision or --compile, else 1)")
+                             "the CPU alone without --rounds, --resolution or --compile, else 1)")
     parser.add_argument("--decode-len", type=positive(int), default=16, metavar="L",
                         help="greedy-decoding length incl. BOS for the decode column; 1 skips it "
                              "(default 16)")
@@ -206,7 +214,8 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
         engines_problem(engines, args.decode_len, device=args.device, dtypes=tuple(args.dtype),
                         autocast=args.autocast, config=config),
         "--freeze is an option of --compile; give both" if args.freeze and not args.compile else None,
-        precision_problem(args),
+        "--max-seconds is an option of --resolution; give both"
+        if args.max_seconds is not None and args.resolution is None else None,
         wait_policy_problem(args.omp_wait_policy, environ),
         # before any timing: a run must not end in a table or a picture it cannot write
         args.output and path_problem(args.output, "--output", suffix=None),
@@ -215,6 +224,24 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
         raise ValueError(problem)
     devices = ("cpu", "cuda") if args.device == "all" else (args.device,)
     processes, rounds = process_plan(args)
+    try:
+        return settings(args, config, shapes, engines, devices, processes, rounds, command)
+    except (TypeError, ValueError) as error:  # Settings' own check, said in the options' names
+        message = str(error)
+        for field_name, option in OPTIONS.items():
+            message = message.replace(f"Settings.{field_name}", option)
+        raise ValueError(message) from None
+
+
+# the fields of Settings a user sets by an option of another name, as its ValueError names them
+OPTIONS = {"resolution": "--resolution", "max_seconds": "--max-seconds", "processes": "--processes",
+           "rounds": "--rounds", "seed": "--seed"}
+
+
+def settings(args: argparse.Namespace, config: TransformerConfig, shapes: tuple[Shape, ...],
+             engines: tuple[str, ...], devices: tuple[str, ...], processes: int, rounds: int,
+             command: str) -> Settings:
+    """The ``Settings`` of the parsed options and what ``settings_from_options`` made of them."""
     return Settings(
         config=config, shapes=shapes, preset=args.preset,
         devices=tuple(d for d in devices if d != "cuda" or torch.cuda.is_available()),
@@ -223,7 +250,7 @@ def settings_from_options(args: argparse.Namespace, command: str, environ: Mappi
         autocast=args.autocast, compile=args.compile, freeze=args.freeze,
         threads=args.threads or torch.get_num_threads(),  # compare.py settles it on the free cores
         rounds=rounds, processes=processes, min_run_time=args.min_run_time, control=not args.no_control,
-        replace_weights=args.replace_weights, precision=args.precision,
+        replace_weights=args.replace_weights, resolution=args.resolution,
         max_seconds=MAX_SECONDS if args.max_seconds is None else args.max_seconds,
         decode_len=args.decode_len, all_decoders=args.all_decoders, seed=args.seed,
         keep_freed_memory=args.malloc == "keep", torch_fast_path=not args.no_torch_fast_path,
@@ -235,24 +262,14 @@ def process_plan(args: argparse.Namespace) -> tuple[int, int]:
     """How many fresh processes the run spreads its rounds over, and how many rounds each.
 
     Given, ``--processes`` and ``--rounds`` are kept. A CPU run asked for neither, nor for
-    ``--precision`` (which adds rounds in one process) or ``--compile`` (each process would
+    ``--resolution`` (which adds rounds in one process) or ``--compile`` (each process would
     compile again), gets ``PROCESSES`` x ``ROUNDS_PER_PROCESS``: where a process's threads and
     allocator settle then varies inside the intervals. Otherwise one process of ``ROUNDS``."""
     processes = args.processes
     if processes is None:
-        spread = (args.device == "cpu" and args.rounds is None and args.precision is None
+        spread = (args.device == "cpu" and args.rounds is None and args.resolution is None
                   and not args.compile)
         processes = PROCESSES if spread else 1
     rounds = args.rounds or (ROUNDS if processes == 1 else ROUNDS_PER_PROCESS)
     return processes, rounds
 
-
-def precision_problem(args: argparse.Namespace) -> str | None:
-    """Why --precision or --max-seconds cannot run as given, or None."""
-    if args.max_seconds is not None and args.precision is None:
-        return "--max-seconds is an option of --precision; give both"
-    if args.precision is not None and args.precision >= 1:
-        return f"--precision is a fraction of each ratio below 1 (0.03: ±3%), got {args.precision:g}"
-    if args.precision is not None and (args.processes or 1) > 1:
-        return "--precision adds rounds in one process; with --processes N give --rounds instead"
-    return None

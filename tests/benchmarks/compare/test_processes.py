@@ -31,7 +31,7 @@ def test_a_default_cpu_run_spreads_its_rounds_over_fresh_processes():
 
 @pytest.mark.parametrize(("options", "expected"), [
     (["--rounds", "7"], (1, 7)),  # rounds asked for: one process of them
-    (["--precision", "0.05"], (1, ROUNDS)),  # adds rounds in one process
+    (["--resolution", "0.05"], (1, ROUNDS)),  # adds rounds in one process
     (["--compile"], (1, ROUNDS)),  # each process would compile again
     (["--processes", "1"], (1, ROUNDS)),
     (["--processes", "2"], (2, ROUNDS_PER_PROCESS)),
@@ -41,12 +41,12 @@ def test_what_is_asked_for_is_kept_and_the_rest_follows(options, expected):
     assert plan(*options) == expected
 
 
-def test_precision_in_several_processes_is_refused_by_the_options_and_the_settings():
+def test_resolution_in_several_processes_is_refused_by_the_options_and_the_settings():
     with pytest.raises(SystemExit):
-        parse_args(["--preset", "tiny", "--processes", "2", "--precision", "0.05"])
+        parse_args(["--preset", "tiny", "--processes", "2", "--resolution", "0.05"])
     config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
-    with pytest.raises(ValueError, match=r"precision.*one process"):
-        Settings(config=config, shapes=(Shape(2, 4, 4),), processes=2, precision=0.05)
+    with pytest.raises(ValueError, match=r"resolution.*one process"):
+        Settings(config=config, shapes=(Shape(2, 4, 4),), processes=2, resolution=0.05)
     with pytest.raises(ValueError, match=r"Settings\.processes"):
         Settings(config=config, shapes=(Shape(2, 4, 4),), processes=0)
 

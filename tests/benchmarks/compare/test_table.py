@@ -164,12 +164,12 @@ def test_a_control_that_tells_two_copies_of_torch_apart_is_warned_about():
 
 def test_every_line_the_default_run_prints_fits_120_characters():
     """The widest the default table gets: five-digit ms, six-digit rates, every ratio marked,
-    every warning (busy cores, a control off in every mode), a precision not met."""
+    every warning (busy cores, a control off in every mode), a resolution not met."""
     rounds = made_up_rounds(control_apart=1.3, scale=40.0, spread=0.3,
                             apart_modes=("forward", "train", "decode"))
     record = {"orders": [list(rounds)] * ROUNDS, "seed": 0, "others": [1.0] * ROUNDS,
               "contended": [True] * ROUNDS,
-              "precision": {"target": 0.001, "met": False, "max_seconds": 600.0}}
+              "resolution": {"target": 0.001, "met": False, "max_seconds": 600.0}}
     for wide in (False, True):
         text = render(table_report(rounds, busy=True, rounds_record=record), "github", wide=wide)
         lines = text.splitlines()
@@ -213,14 +213,14 @@ class CountingBar:
         pass
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(control=False), dict(precision=0.001, max_seconds=20.0)],
-                         ids=["control", "no control", "precision"])
+@pytest.mark.parametrize("changes", [dict(), dict(control=False), dict(resolution=0.001, max_seconds=20.0)],
+                         ids=["control", "no control", "resolution"])
 def test_the_progress_bar_counts_every_phase(monkeypatch, changes):
     """A short tiny run (two rows, decoding, the control unless not): the bar ends at its total,
-    which counted every phase: the control's warm-up, and the rounds --precision adds."""
+    which counted every phase: the control's warm-up, and the rounds --resolution adds."""
     CountingBar.made.clear()
     monkeypatch.setattr(benchmarks.compare.run, "tqdm", CountingBar)
-    if "precision" in changes:  # made-up noisy rounds, a second a cell on a clock of their own:
+    if "resolution" in changes:  # made-up noisy rounds, a second a cell on a clock of their own:
         # ±0.1% is never met, and the 20 s cap stops the run after the third round (9 cells each)
         rng, now = np.random.default_rng(0), [0.0]
 
@@ -238,7 +238,7 @@ def test_the_progress_bar_counts_every_phase(monkeypatch, changes):
     rounds = len(report["blocks"][0]["rounds"]["orders"])
     timed = 3 if changes.get("control", True) else 2
     assert bar.total == 1 + timed + rounds * 3 + 1  # log-probs, warm-ups, rounds x modes, memory
-    assert rounds == (3 if "precision" in changes else 2)
+    assert rounds == (3 if "resolution" in changes else 2)
 
 
 def test_the_placement_line_says_what_one_process_leaves_out():

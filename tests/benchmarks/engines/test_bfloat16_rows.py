@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from benchmarks.compare.render import warning_lines
-from benchmarks.engines.rows import EngineSettings, engine_rows
 from benchmarks.engines import rows as engines
+from benchmarks.engines.rows import EngineSettings, engine_rows
 from benchmarks.studies.bfloat16_decoding import ROWS, SEARCHES, decode_split
 from common.random_batch import random_batch
 from seq2seq.data.corpus import CorpusSettings, load_corpus

@@ -19,8 +19,8 @@ from benchmarks.compare.settings import Settings
 from benchmarks.compare.steps import autocast_region
 from benchmarks.compare.timing import Peak
 from benchmarks.compare.workload import TIMING_PRESETS, Shape
-from benchmarks.engines.rows import missing_extra, row_argument
 from benchmarks.engines import rows as engines
+from benchmarks.engines.rows import missing_extra, row_argument
 from common.config import TransformerConfig
 from common.random_batch import random_batch
 from compare import parse_args
