@@ -19,7 +19,8 @@ would do).
 It builds ``factory(*args, **kwargs)``, then serves calls one at a time, pickled over its stdin
 and stdout: ``engine.name(*args, **kwargs)`` sends one and waits. A call's time, measured here,
 includes that round trip (well under a millisecond beside a decode's hundreds). An exception in
-the child comes back as ``RuntimeError`` naming the call and the child's error.
+the child comes back as ``RuntimeError`` naming the call and the child's error; a call after the
+child has gone (killed, or closed here) is a ``RuntimeError`` too.
 """
 
 from __future__ import annotations
@@ -47,12 +48,12 @@ class Isolated:
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         LIVE.add(self.process.pid)
         self.closer = weakref.finalize(self, stop, self.process)
-        self.send((factory, args, kwargs))
+        self.send((factory, args, kwargs), "building it")
         self.receive("building it")
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method(*args, **kwargs)`` on the child's object; its result."""
-        self.send((method, args, kwargs))
+        self.send((method, args, kwargs), f"{method}()")
         return self.receive(f"{method}()")
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
@@ -60,15 +61,21 @@ class Isolated:
             raise AttributeError(method)
         return lambda *args, **kwargs: self.call(method, *args, **kwargs)
 
-    def send(self, message: object) -> None:
-        pickle.dump(message, self.process.stdin)
-        self.process.stdin.flush()
+    def send(self, message: object, what: str) -> None:
+        """``message`` to the child; RuntimeError if it is gone (its pipe broken or closed)."""
+        try:
+            pickle.dump(message, self.process.stdin)
+            self.process.stdin.flush()
+        except (OSError, ValueError):  # BrokenPipeError; ValueError: the pipe closed by close()
+            status = self.process.poll()
+            ended = f"exit status {status}" if status is not None else "its pipe closed"
+            raise RuntimeError(f"{self.name} in its own process is gone ({ended}) before {what}") from None
 
     def receive(self, what: str) -> Any:
         """The child's answer; RuntimeError with its error if it had one, or if it died."""
         try:
             ok, value = pickle.load(self.process.stdout)
-        except EOFError:
+        except (EOFError, OSError, ValueError):  # ended, or its pipe closed by close()
             raise RuntimeError(f"{self.name} in its own process ended while {what}") from None
         if not ok:
             raise RuntimeError(f"{self.name} in its own process failed {what}: {value}")

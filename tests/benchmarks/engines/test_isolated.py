@@ -59,6 +59,21 @@ def test_errors_come_back_named_and_the_child_serves_on():
         served.close()
 
 
+def test_a_call_after_the_child_is_gone_is_the_promised_runtime_error():
+    """Killed (its pipe broken: was a BrokenPipeError) or closed here (was a ValueError on the
+    closed pipe): a RuntimeError naming the engine and the call."""
+    served = Isolated(Served, "hello")
+    served.process.kill()
+    served.process.wait()
+    with pytest.raises(RuntimeError, match=r"Served in its own process is gone \(exit status -9\) before "):
+        served.echo("x")
+    served.close()
+    closed = Isolated(Served, "hello")
+    closed.close()
+    with pytest.raises(RuntimeError, match=r"Served in its own process is gone .* before where\(\)"):
+        closed.where()
+
+
 def test_a_child_s_cpu_time_is_read_as_this_run_s_own():
     """The cores' reading counts a child's CPU time as this process's, while it lives and after
     it has ended (so its work is not taken for another program's)."""
