@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from common.cli import Parser, file_problem, one_line
-from seq2seq.hub.from_hf import convert, hf_library
+from common.cli import Parser, one_line
+from common.files import FileError, check_output
+from seq2seq.hub.from_hf import convert, hf_library, local_folder
 from seq2seq.storage.model_file import save
 from variants import VARIANTS
 
@@ -33,8 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variant", choices=VARIANTS, default="explicit",
                         help="the variant python -m seq2seq.translate builds by default (default explicit)")
     args = parser.parse_args(argv)
-    if problem := file_problem(args.output):
-        parser.error(f"--output {problem}")
+    folder = Path(args.model).expanduser()
+    try:  # never onto the folder read, nor into it (a hub name's files are checked once fetched)
+        check_output(args.output, inputs=[folder] if folder.exists() else [])
+    except FileError as error:
+        parser.error(f"--output {error}")
     return args
 
 
@@ -43,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         hf_library().utils.logging.disable_progress_bar()  # one line of output, not a loading bar
+        check_output(args.output, inputs=[local_folder(args.model)])
         record = convert(args.model, variant=args.variant)
         save(record, args.output)
     except (ImportError, OSError, ValueError) as error:  # no extra, no such model, not convertible
@@ -52,6 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     vocabularies = (f"one vocabulary of {config.src_vocab_size}" if config.share_embeddings
                     else f"vocabularies {config.src_vocab_size} and {config.tgt_vocab_size}")
     banned = f"; ids {hub['banned_ids']} never generated" if hub["banned_ids"] else ""
+    generation = hub.get("generation_source", "generation_config.json")  # a default, where not the file
+    if generation != "generation_config.json":
+        banned += f"; {generation}" + ("" if banned else " (no ids banned)")
     print(f"wrote {args.output}: {hub['architecture']}, d_model {config.d_model}, {config.n_heads} heads, "
           f"{config.n_layers}+{config.n_layers} layers, FFN {ff} {config.activation}, {vocabularies}, "
           f"positions {config.positions!r}, decoder starts with {config.decoder_start}{banned}")

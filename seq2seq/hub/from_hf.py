@@ -19,6 +19,7 @@ forbids its padding id, which is also the decoder's start), the generator's bias
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from collections.abc import Mapping
@@ -28,10 +29,13 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from common.cli import first_line
 from common.config import TransformerConfig
+from common.files import FileError
 from common.positions import position_table
 from common.weights import TIED, Param, canonical_shapes, match_patterns
 from seq2seq.hub.families import FAMILIES, NORM_EPS, ZEROS, Family
+from seq2seq.hub.hf_folder import WEIGHTS, CheckedFolder, read_folder
 from seq2seq.hub.tokenizers import FairseqTokenizer, MarianTokenizer, tokenizer_from_record
 from seq2seq.storage.model_file import ModelFile
 
@@ -43,7 +47,8 @@ BANNED_LOGIT = torch.finfo(torch.float32).min
 # position x frequency, rounded in float32, are off by up to about 1e-4 at position 1000; a
 # wrong layout or a position off by one is off by O(0.1) somewhere
 POSITIONS_TOLERANCE = 1e-3
-MODEL_TYPES = {"marian": "MarianMTModel", "fsmt": "FSMTForConditionalGeneration"}
+# what a hub name downloads: every file a checkpoint folder needs but the weights of other libraries
+HUB_FILES = ["*.json", "*.spm", "merges.txt", "model.safetensors*"]
 
 
 def hf_library():
@@ -56,27 +61,67 @@ def hf_library():
     return transformers
 
 
-def load_hf_model(name: str | os.PathLike) -> tuple[torch.nn.Module, object, Family]:
-    """The Hugging Face model and tokenizer at ``name`` (a folder, or a hub name transformers
-    downloads), and its family; a model of another kind is a ``ValueError`` naming it."""
-    transformers = hf_library()
-    if not Path(name).is_dir() and (Path(name).is_absolute() or str(name).startswith((".", "~"))):
+def local_folder(name: str | os.PathLike) -> Path:
+    """``name`` as a folder on this machine: itself, or a hub name's files as huggingface_hub
+    downloads them (that needs a network); anything else is a ``ValueError`` naming it."""
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ValueError(f"{name}: a file, not a folder saved by save_pretrained")
+    if path.is_absolute() or str(name).startswith((".", "~")):
         raise ValueError(f"{name}: no such folder (a hub name looks like Helsinki-NLP/opus-mt-en-de)")
-    config = transformers.AutoConfig.from_pretrained(name)
-    if config.model_type not in MODEL_TYPES:
-        raise ValueError(f"{name} is a {config.model_type!r} model; the converter reads "
-                         + " and ".join(f"{kind} ({cls})" for kind, cls in MODEL_TYPES.items()))
-    family = FAMILIES[MODEL_TYPES[config.model_type]]
-    model = getattr(transformers, family.architecture).from_pretrained(name).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(name)
+    hf_library()
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(str(name), allow_patterns=HUB_FILES))
+        if not any((folder / weights).exists() for weights in WEIGHTS):  # a checkpoint without safetensors
+            folder = Path(snapshot_download(str(name), allow_patterns=[*HUB_FILES, "pytorch_model*"]))
+    except Exception as error:  # huggingface_hub's kinds for offline, unknown, gated, ...
+        raise ValueError(f"{name}: cannot fetch it from the Hugging Face hub "
+                         f"({type(error).__name__}: {first_line(error)})") from None
+    return folder
+
+
+def load_hf_model(name: str | os.PathLike) -> tuple[torch.nn.Module, object, Family]:
+    """The Hugging Face model and tokenizer at ``name`` (a folder, or a hub name), and its
+    family, once every file of the folder is checked (``seq2seq.hub.hf_folder``: a damaged or
+    mismatched file is a ``FileError`` naming it)."""
+    return load_checked(read_folder(local_folder(name)))
+
+
+def load_checked(checked: CheckedFolder) -> tuple[torch.nn.Module, object, Family]:
+    """``load_hf_model`` of a folder already checked: transformers' model holds exactly the
+    weights file's tensors (refused otherwise), and runs the checked generation settings."""
+    transformers, family = hf_library(), checked.family
+    model = getattr(transformers, family.architecture).from_pretrained(checked.folder).eval()
+    loaded = {**dict(model.named_parameters(remove_duplicate=False)), **dict(model.named_buffers())}
+    recomputed = {name for name in family.not_carried if "embed_positions" in name}
+    changed = [name for name, tensor in checked.tensors.items() if name not in recomputed
+               and not torch.equal(loaded[name].detach(), tensor.to(loaded[name].dtype))]
+    if changed:
+        raise ValueError(f"{checked.weights_file}: transformers loaded {changed[0]} other than the file "
+                         "holds it")
+    model.generation_config = checked.generation
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(checked.folder)
+    except Exception as error:  # whatever the tokenizer's own reading raises, past the files' checks
+        raise FileError(checked.folder / "tokenizer_config.json", "transformers cannot load the tokenizer it "
+                        f"describes ({type(error).__name__}: {first_line(error)})") from None
     return model, tokenizer, family
 
 
 def convert(name: str | os.PathLike, variant: str = "explicit") -> ModelFile:
     """The model file of the Hugging Face model at ``name`` (see the module docstring); it
-    records ``variant`` as the one to build by default."""
-    model, tokenizer, family = load_hf_model(name)
-    return convert_loaded(model, tokenizer, family, source=str(name), variant=variant)
+    records ``variant`` as the one to build by default, and where the generation settings came
+    from (``settings["hub"]["generation_source"]``)."""
+    checked = read_folder(local_folder(name))
+    model, tokenizer, family = load_checked(checked)
+    record = convert_loaded(model, tokenizer, family, source=str(name), variant=variant)
+    source = checked.generation_source or "generation_config.json"
+    hub = {**record.settings["hub"], "generation_source": source}
+    return dataclasses.replace(record, settings={**record.settings, "hub": hub})
 
 
 def convert_loaded(model: torch.nn.Module, tokenizer: object, family: Family, *, source: str,

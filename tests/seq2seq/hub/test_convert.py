@@ -103,7 +103,8 @@ def test_another_architecture_is_refused_by_name(tmp_path, capsys):
 
 def test_without_transformers_the_extra_is_named(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers raises ImportError
-    message = one_line_error(capsys, [str(tmp_path), "--output", str(tmp_path / "m.pt")])
+    (tmp_path / "model").mkdir()
+    message = one_line_error(capsys, [str(tmp_path / "model"), "--output", str(tmp_path / "m.pt")])
     assert 'needs transformers: pip install -e ".[hf]"' in message
 
 
