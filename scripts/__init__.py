@@ -1,6 +1,7 @@
-"""Programs for reading the variants and for generating docs, each run as ``python -m scripts.NAME``
-from the repository root (scripts/ is not installed: pyproject installs common, variants,
-seq2seq and benchmarks only, so elsewhere Python answers ``No module named 'scripts'``).
+"""Programs whose output the code alone decides: reading the variants, and generating docs. Each
+runs as ``python -m scripts.NAME`` from the repository root (scripts/ is not installed: pyproject
+installs common, variants, seq2seq and benchmarks only, so elsewhere Python answers ``No module
+named 'scripts'``).
 
 Reading:
 
@@ -15,8 +16,10 @@ Generating docs:
 
     side_by_side    docs/side-by-side.html and .md: each concept's equation above the three styles' code
     architecture    docs/images/architecture.svg: Figure 1's boxes, each linked to the styles' code
-    concept_map     the README's concept map read: each row's symbols as the source defines them
-                    (what side_by_side and architecture draw)
+    layout          docs/architecture.md's layout tree: each package with its index's first sentence
+    concept_map/    the README's concept map read: each concept, then each style's symbols by file
+                    and line (its __main__); the package is the reader side_by_side and
+                    architecture import to draw the map
 
 Running the device checks:
 
@@ -24,11 +27,12 @@ Running the device checks:
 
 The rule: a program whose output the code alone decides (the same on any machine) lives here; a
 program that measures the machine it runs on (time, memory, bandwidth, the rounding of its
-kernels, a training run) lives in ``benchmarks/`` (``python -m benchmarks.NAME``), beside the
+kernels, a training run) lives in ``benchmarks/`` (``python -m benchmarks.studies.NAME``), beside the
 library it measures with.
 
 A leaf: a program here may import the library (``benchmarks`` and everything below it); nothing
-outside scripts/ imports a program here, except the tests that run them (architecture reads the
-concept map through side_by_side's helpers). Each prints or writes its files; the library
-beneath does neither.
+outside scripts/ imports a program here, except the tests that run them. Within scripts/, only the
+concept_map package is imported (by side_by_side and architecture), never its ``__main__``. Each
+program prints or writes its files; the library beneath, concept_map's reader included, does
+neither.
 """

@@ -1,10 +1,14 @@
 """The README's concept map, read: each concept's row, and each symbol a cell links as its file
 defines it now (the lines ``inspect.getsource`` gives, read with ``ast``).
 
-    rows = concepts()          # one Concept per row, each Cell's Symbols read from the source
+    python -m scripts.concept_map    # each concept, then each column's symbols at path:first-last
+    rows = concepts()                # one Concept per row, each Cell's Symbols read from the source
 
-Shared by the programs that draw the map: ``scripts.side_by_side`` (the code side by side) and
-``scripts.architecture`` (the picture of the architecture).
+The package is the reader the programs that draw the map import: ``scripts.side_by_side`` (the
+code side by side) and ``scripts.architecture`` (the picture of the architecture). Its
+``__main__`` is the program, a reading aid: where each concept of the paper lives in each style,
+by line, as the source stands now (a link to a symbol that moved is an error naming it). The
+program is a leaf like every other; the package beneath it prints nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # The concept map's columns after the concept, in order; the first three are the teaching styles.
 COLUMNS = ("explicit", "einsum", "mathfirst", "torch reference")
 STYLES = COLUMNS[:3]
@@ -150,3 +154,18 @@ def slug(title: str) -> str:
     """GitHub's anchor for a heading (as tests/docs/pages.py computes it)."""
     text = plain(title).strip().lower()
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def listing(rows: list[Concept]) -> str:
+    """The concept map as text: each concept's title, then per column each symbol its cell
+    links, as ``path:first-last name``, or the cell's words where it links none."""
+    width = max(len(column) for column in COLUMNS) + 1
+    lines = []
+    for concept in rows:
+        lines.append(plain(concept.title))
+        for cell in concept.cells:
+            where = [f"{symbol.path}:{symbol.first}-{symbol.last} {symbol.name}" for symbol in cell.symbols]
+            lines += [f"  {(cell.column + ':') if i == 0 else '':<{width}} {text}"
+                      for i, text in enumerate(where or [plain(cell.text)])]
+    return "\n".join(lines) + "\n"
+
