@@ -147,13 +147,17 @@ def table(lines: list[list[str]], headers: list[str], fmt: str) -> str:
 
 
 def as_csv(report: dict) -> str:
-    """A line per (block, variant): the block's keys, then the row's."""
+    """A line per (block, variant): the block's keys, then the row's. The columns are every key
+    any row has, in the order they first appear (an engine's decode-only row lacks the variants'
+    forward and train columns, a variant's row the engine's): a cell a row lacks is empty."""
     block_keys = ("device", "dtype", "batch", "src_len", "tgt_len")
     contended = {"run_contended": report["meta"].get("contended", False)}  # the run's, on every line
     records = [{**{k: b[k] for k in block_keys}, **r, **contended}
                for b in report["blocks"] for r in b["rows"]]
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(records[0]) if records else list(block_keys))
+    columns = [*dict.fromkeys(key for record in records for key in record if key not in contended),
+               *contended] if records else list(block_keys)
+    writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
     writer.writeheader()
     writer.writerows(records)
     return buffer.getvalue()

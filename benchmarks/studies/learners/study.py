@@ -120,6 +120,11 @@ def prepare(settings: LearnersSettings) -> LearnerData:
                              translation.pool_size, settings.seed)
     train, _ = within(encode_pairs(vocabulary, corpus.pairs("train")), translation.max_seq_len)
     valid, _ = within(encode_pairs(vocabulary, corpus.pairs("valid")), translation.max_seq_len)
+    for name, kept in (("training", train), ("validation", valid)):
+        if not kept.sources:  # said here, not as TokenBatches' "got 0 and 0"
+            raise ValueError(f"every {name} pair is longer than max_seq_len {translation.max_seq_len} "
+                             "pieces (source or target, with BOS and EOS), the length filter left none: "
+                             "a smaller --max-words, or a larger max_seq_len")
     TokenBatches(train, stream)  # checks that batch_tokens holds every pair
     test = corpus.test[:settings.test_sentences]
     longest = max(len(ids) + 1 for ids in vocabulary.encode([e.source for e in test]))

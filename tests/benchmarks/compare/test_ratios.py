@@ -4,6 +4,8 @@ asserted: the rounds are made up, and the expected values are computed here."""
 
 from __future__ import annotations
 
+import csv
+import io
 import itertools
 import json
 import math
@@ -463,3 +465,18 @@ def test_processes_pool_fresh_interpreters_end_to_end(tmp_path):
     assert explicit["forward_rounds_process"] == [0, 0, 1, 1] and len(explicit["forward_rounds_s"]) == 4
     low, value, high = (explicit[f"forward_vs_torch{end}"] for end in ("_low", "", "_high"))
     assert low <= value <= high
+
+
+def test_csv_takes_every_column_any_row_has():
+    """A variant's row and an engine's decode-only row hold different keys: each line has its
+    own values under their titles, a cell the row lacks empty, the run's flag last."""
+    block = {"device": "cpu", "dtype": "float32", "batch": 2, "src_len": 4, "tgt_len": 4,
+             "rows": [{"variant": "fused", "forward_ms": 1.5},
+                      {"variant": "onednn", "decode_ms": 2.0, "decode_vs_fused": 0.8}]}
+    text = render({"meta": {"contended": False}, "blocks": [block]}, "csv")
+    lines = list(csv.DictReader(io.StringIO(text)))
+    assert list(lines[0]) == ["device", "dtype", "batch", "src_len", "tgt_len", "variant", "forward_ms",
+                              "decode_ms", "decode_vs_fused", "run_contended"]
+    assert (lines[0]["forward_ms"], lines[0]["decode_vs_fused"]) == ("1.5", "")
+    assert (lines[1]["variant"], lines[1]["forward_ms"], lines[1]["decode_vs_fused"]) == ("onednn", "", "0.8")
+    assert [line["run_contended"] for line in lines] == ["False", "False"]

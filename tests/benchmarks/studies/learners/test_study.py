@@ -372,6 +372,14 @@ def test_a_missing_corpus_and_an_unwritable_out_fail_in_one_line(sample_corpus, 
         assert len(err.strip().splitlines()) == 1 and said in err, err
 
 
+def test_a_corpus_the_length_filter_empties_says_so(sample_corpus):
+    """Every pair longer than max_seq_len: the message names the filter, not the batches' "got
+    0 and 0"."""
+    with pytest.raises(ValueError, match=r"every training pair is longer than max_seq_len 3 pieces .*"
+                                         r"the length filter left none: a smaller --max-words"):
+        prepare(settings_for(sample_corpus, translation=TINY.replace(max_seq_len=3)))
+
+
 def test_the_options_become_the_settings(sample_corpus, tmp_path):
     _, settings = learners_cli.parse_args(["--data", str(sample_corpus.path), "--out", str(tmp_path),
                                            "--minutes", "2", "--d-model", "64", "--variants", "explicit",
