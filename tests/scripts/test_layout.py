@@ -42,12 +42,12 @@ def test_each_line_is_the_first_sentence_of_a_package_index(tmp_path):
 
 
 def test_a_long_summary_wraps_under_the_second_column_and_keeps_code_spans_whole(tmp_path):
-    words = "word " * 16 + "``python -m a.long command`` end."
+    words = "word " * 14 + "``python -m a.long command`` end."  # the span's first words would fit
     package(tmp_path / "pkg", words)
     lines = layout.tree(tmp_path, top=("pkg",), fixed=()).splitlines()
     assert len(lines) == 2
     assert all(len(line) <= layout.WIDTH for line in lines)
-    assert lines[0] == "pkg/           " + ("word " * 16).strip()
+    assert lines[0] == "pkg/           " + ("word " * 14).strip()
     assert lines[1] == " " * 15 + "`python -m a.long command` end."
 
 
