@@ -24,7 +24,8 @@ import torch
 from torch import Tensor
 
 from common.bfloat16 import bfloat16_support
-from common.cli import Parser, positive
+from common.cli import Parser, first_line, positive
+from common.files import FileError, check_output
 from seq2seq.data.corpus import CorpusSettings, load_corpus
 from seq2seq.evaluation import corpus_scores
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
@@ -108,15 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not torch.backends.mkldnn.is_available():
         parser.error("the onednn rows need PyTorch built with oneDNN (torch.backends.mkldnn)")
+    try:  # before the six decodes: their results must not be lost to an output it cannot write
+        output = args.output and check_output(args.output, inputs=[args.model])
+    except FileError as error:
+        parser.error(f"--output {error}")
     try:
         results, run = decode_split(args.model, args.threads)
+    except FileError as error:
+        parser.error(str(error))
     except (FileNotFoundError, KeyError, LookupError, ValueError) as error:
-        parser.error(f"{args.model}: {error}")
+        parser.error(f"{args.model}: {first_line(error)}")
     print(f"{run['sentences']:,} test sentences, {run['threads']} threads, "
           f"bfloat16: {run['bfloat16_reason']}")
     print(table(results))
-    if args.output:
-        args.output.write_text(json.dumps({"run": run, "results": [r.__dict__ for r in results]}, indent=1))
+    if output:
+        output.write_text(json.dumps({"run": run, "results": [r.__dict__ for r in results]}, indent=1))
     return 0
 
 

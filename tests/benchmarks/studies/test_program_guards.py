@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.studies import decode_scan, static_decode
+from benchmarks.studies import bfloat16_decoding, decode_scan, static_decode
 from benchmarks.studies.learners import __main__ as learners
 from benchmarks.studies.learners import study as learners_study
 from benchmarks.studies.learners.study import Learning, markdown_report, prepare, run_learners
@@ -71,3 +71,21 @@ def test_a_study_of_one_row_is_refused_before_training(sample_corpus, tmp_path, 
                        "--steps", "2", "--seeds", "0", "1", "--variants", "explicit"])
     assert stop.value.code == 2
     assert "give --variants at least two, got explicit" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["a folder", "under a file", "the model"])
+def test_the_bfloat16_study_checks_its_output_before_the_six_decodes(tmp_path, capsys, monkeypatch, where):
+    """An output it cannot write was found after all six decodes, as a traceback: now one line
+    before any decode."""
+    model = tmp_path / "model.pt"
+    model.write_bytes(b"not read: the output is checked first")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    output = {"a folder": tmp_path / "folder", "under a file": tmp_path / "file" / "out.json",
+              "the model": model}[where]
+    monkeypatch.setattr(bfloat16_decoding, "decode_split", lambda *a: pytest.fail("decoded first"))
+    with pytest.raises(SystemExit) as stop:
+        bfloat16_decoding.main([str(model), "--output", str(output)])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"python -m benchmarks.studies.bfloat16_decoding: error: --output {output}")
