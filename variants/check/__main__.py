@@ -33,7 +33,15 @@ from common.config import ACTIVATIONS, DECODER_STARTS, POSITIONS, TransformerCon
 from variants import REFERENCE, VARIANTS, SpecError, build, variant_argument, variant_class
 from variants.check.adapter import drafting
 from variants.check.battery import run_battery
-from variants.check.diagnose import MASK_HINT, explain_first, explained, locate, still_drops
+from variants.check.diagnose import (
+    MASK_HINT,
+    explain_first,
+    explained,
+    locate,
+    padded_point,
+    still_drops,
+    trained_extras,
+)
 from variants.check.divergence import first_divergence, number, precision_notes
 from variants.check.harness import CONFIG, MIN_VOCAB, MODES, STEPS, Result, absent_line, mode_name, short
 from variants.check.outside import NORM_MODES, protocol
@@ -249,10 +257,13 @@ def finder_report(spec: str, failed: Result, seed: int) -> str:
              + (" float32 rounding" if d.departs(tolerance) and d.within_rounding() else ""))
             for d in differences]
     notes = "".join(f"\nnote: {note}" for note in precision_notes(differences, tolerance))
+    padded = padded_point(spec, case, seed, first.point) if first is not None else ""
     try:
         why = explain_first(spec, case, seed, differences)
     except Exception as error:  # the explanations are a bonus: never a traceback for them
         why = f"not explained: recomputing {first.point if first else 'it'} raised {error_line(error)}"
+    if padded:
+        why = f"{padded}\n{why}" if why else padded
     return (f"\nwhere {failed.check} first differs ({short(spec)} vs {short(case.against)}):\n\n"
             + tabulate(rows, headers=("point", "max |Δ|", "f32 rounding", "note"), tablefmt="simple")
             + f"\n{notes}\n{first_divergence(differences, tolerance)}" + (f"\n{why}" if why else ""))
@@ -275,8 +286,19 @@ def training_report(spec: str, failed: Result, seed: int) -> str:
     probe = (f"{drops} still drops: with dropout 0 in train mode, two seeds give different outputs"
              if drops else "with dropout 0 in train mode two seeds give the same outputs: nothing drops")
     lines = [probe]
+    try:
+        extras, sources = trained_extras(spec, failed.config, seed)
+    except Exception:  # the model's own error: the table has reported it already
+        extras, sources = [], []
+    if extras:
+        lines.insert(0, f"the model trains parameters the reference does not have (extra_parameters): "
+                        f"{', '.join(extras)}; a loss's gradient reaches them, so each optimiser step moves "
+                        f"them and the two models part")
+    if sources:
+        lines.append(f"float32 on the model's path: {'; '.join(sources)}")
     if not drops and failed.detail:
-        lines.append(f"so the gradients themselves differ: {failed.detail}")
+        lines.append(f"so the {'gradients' if failed.check.startswith('gradients') else 'losses'} themselves "
+                     f"differ: {failed.detail}")
     return (f"\nwhy {failed.check} fails while the forward passes:\n"
             + "\n".join(f"  {line}" for line in lines))
 

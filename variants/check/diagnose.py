@@ -26,12 +26,14 @@ from torch.overrides import TorchFunctionMode
 
 from common.cli import error_line
 from common.config import TransformerConfig
-from common.probes import Probe, resolve_probes
+from common.probes import Probe, capture, resolve_probes
 from common.random_batch import random_batch
+from common.weights import import_weights
 from variants import build
 from variants.check.adapter import absent_weights, own_stage
 from variants.check.divergence import (
     ROUNDING_FACTOR,
+    Float32Watch,
     PointDifference,
     compare_points,
     model_frame,
@@ -39,7 +41,7 @@ from variants.check.divergence import (
     precision_notes,
 )
 from variants.check.explain import Explanation, explain
-from variants.check.harness import Case, pair, short
+from variants.check.harness import Case, battery_weights, held_at_zero, loss_of, pair, short
 from variants.check.outside import SIGNATURES
 from variants.check.tolerances import FLOAT64
 
@@ -135,6 +137,88 @@ def rounding_only(spec: str, case: Case, seed: int) -> str:
         f"{output.point} differs by {number(output.max_abs)}",)
     return (f"float32 rounding only: {note}; every point within {ROUNDING_FACTOR:g}x the reference's own "
             f"float32 rounding there")
+
+
+def padding_hint(case: Case, actual: Tensor, expected: Tensor) -> str:
+    """Where ``actual`` departs from ``expected`` only at padded target positions, or only in a
+    batch row whose source is padding only (every attention over it fully masked): that, and
+    how closely every other position agrees; "" otherwise."""
+    if actual.shape != expected.shape or actual.ndim != 3 or actual.shape[:2] != case.inputs[1].shape:
+        return ""
+    src, tgt = case.inputs[:2]
+    pad = case.config.pad_id
+    delta = (actual.double() - expected.double()).abs()
+    past = ~(delta <= case.tolerance.atol + case.tolerance.rtol * expected.double().abs())  # NaN too
+    positions = past.any(-1)  # (B, T)
+    if not positions.any():
+        return ""
+    padded, empty = tgt == pad, (src == pad).all(-1)  # (B, T), (B,)
+    elsewhere = ~padded & ~empty[:, None]
+    agree = delta[elsewhere].max().item() if elsewhere.any() else 0.0
+    if not (positions & ~padded).any():
+        return (f"only the {int(positions.sum())} padded target positions (tgt == pad_id {pad}) differ; "
+                f"at every real position the output agrees to {number(agree)}: the model computes "
+                f"something else where the targets are padding, which no loss over real targets sees (the "
+                f"loss ignores pad_id)")
+    if empty.any() and not (positions & ~empty[:, None]).any():
+        rows = ", ".join(str(row) for row in torch.nonzero(empty).flatten().tolist())
+        return (f"only batch row {rows}, whose source is padding only, differs (every attention over "
+                f"that source is fully masked); every other row agrees to {number(agree)}: the model gives "
+                f"a fully masked attention row another output than the reference, which attends uniformly "
+                f"to every key there")
+    return ""
+
+
+def other_mode(spec: str, case: Case, seed: int) -> str:
+    """Whether ``spec`` built for ``case``'s norm mode agrees with the reference in the other
+    mode: a model that computes one mode whatever the config says. "" if it does not."""
+    other = case.config.replace(norm_first=not case.config.norm_first)
+    try:
+        subject, reference = (model.to(case.dtype) for model in pair(spec, case.against, case.config, seed,
+                                                                     against_config=other))
+        with torch.no_grad():
+            actual, expected = subject(*case.inputs), reference(*case.inputs)
+    except Exception:  # the other mode cannot be built or run: nothing to say
+        return ""
+    if actual.shape != expected.shape:
+        return ""
+    delta = (actual.double() - expected.double()).abs()
+    if not bool((delta <= case.tolerance.atol + case.tolerance.rtol * expected.double().abs()).all()):
+        return ""
+    mode, name = ("pre", "pre-norm") if other.norm_first else ("post", "post-norm")
+    asked = "post-norm" if other.norm_first else "pre-norm"
+    return (f"built for {asked}, the model agrees with the reference in {name} to "
+            f"{number(delta.max().item())}: it passes as {name}; declare norm_modes = (\"{mode}\",) on the "
+            f"class")
+
+
+def padded_point(spec: str, case: Case, seed: int, point: str) -> str:
+    """Where ``point``'s difference lies only at padded query positions (source padding for the
+    encoder's points, target padding for the decoder's), that and what the model holds there;
+    "" otherwise."""
+    try:
+        subject, reference = (model.double() for model in pair(spec, case.against, case.config, seed))
+        got, want = capture(subject, case.inputs).get(point), capture(reference, case.inputs).get(point)
+    except Exception:
+        return ""
+    if got is None or want is None or got.shape != want.shape or got.ndim != 3:
+        return ""
+    src, tgt = case.inputs[:2]
+    ids = src if point.startswith(("src_embed", "encoder")) else tgt
+    if got.shape[:2] != ids.shape:
+        return ""
+    padded = ids == case.config.pad_id
+    past = ~((got - want).abs() <= FLOAT64.atol)
+    positions = past.any(-1)
+    if not positions.any() or (positions & ~padded).any():
+        return ""
+    held = got[positions]
+    same = bool((held == held[0]).all())
+    what = "zeros" if not held.any() else "one vector at every such position" if same else "other values"
+    side = "source" if ids is src else "target"
+    agree = (got - want).abs()[~padded].max().item() if (~padded).any() else 0.0
+    return (f"{point} differs only at padded {side} positions ({int(positions.sum())} of them), where the "
+            f"model puts {what}; every real position agrees to {number(agree)}")
 
 
 def output_hint(model: nn.Module, case: Case, actual: Tensor, expected: Tensor) -> str:
@@ -275,3 +359,21 @@ def _record(name: str, outputs: list[tuple[str, Tensor]], _module: nn.Module, _i
     if isinstance(output, Tensor):
         outputs.append((name, output.detach().clone()))
 
+
+def trained_extras(spec: str, config: TransformerConfig, seed: int = 0) -> tuple[list[str], list[str]]:
+    """What a training check sees that the forward checks do not: the parameters ``spec``
+    trains that the reference lacks (its ``extra_parameters`` a loss's gradient reaches, with that
+    gradient's largest value), and each float32 source on its path (``Float32Watch``)."""
+    model = build(spec, config)
+    state = battery_weights(config, seed)
+    for name in held_at_zero(model):
+        state[name] = torch.zeros_like(state[name])
+    import_weights(model, state)
+    model.double().train()
+    with Float32Watch(model) as watch:
+        loss_of(model, random_batch(config, seed=seed), config.pad_id).backward()
+    extras = set(getattr(type(model), "extra_parameters", ()))
+    moved = [f"{name} (gradient up to {param.grad.abs().max().item():.2g})"
+             for name, param in model.named_parameters()
+             if name in extras and param.grad is not None and bool(param.grad.any())]
+    return moved, watch.sources

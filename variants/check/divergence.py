@@ -50,38 +50,60 @@ def float32_valued(tensor: Tensor) -> bool:
 
 
 class Float32Watch(TorchDispatchMode):
-    """Sees every operation of a forward pass and notes whether one so far took or made a tensor
-    of lower precision than float64, or read a buffer or a frozen parameter (one that does not
-    train: Hugging Face's sinusoid tables) holding float32 values: the evidence that a float64 run
-    carries float32 rounding; ``source`` says which it was, and where."""
+    """Sees every operation of a forward pass and notes each source of float32 rounding in a
+    float64 run: a buffer or a frozen parameter (one that does not train: Hugging Face's sinusoid
+    tables) holding float32 values, and each operation that makes a tensor of lower precision than
+    float64 from inputs that are not (a cast); what follows from a source is not another.
+    ``seen``: any so far; ``sources``: each, in plain words and where (``source`` joins them)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.seen = False
-        self.source = ""  # the first evidence: a buffer or frozen parameter by name, or an operation
+        self.sources: list[str] = []  # each source once, in the order met
         fixed = [*(("buffer", name, buffer) for name, buffer in model.named_buffers()),
                  *(("frozen parameter", name, param) for name, param in model.named_parameters()
                    if not param.requires_grad)]
         self.storages = {tensor.untyped_storage().data_ptr(): f"{kind} {name}" for kind, name, tensor in fixed
                          if float32_valued(tensor)}
 
+    @property
+    def source(self) -> str:
+        return "; ".join(self.sources)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not self.seen:
-            for item in _leaves((args, kwargs, out)):
-                if not isinstance(item, Tensor):
-                    continue
-                table = self.storages.get(item.untyped_storage().data_ptr()) if self.storages else None
-                if table is not None or item.dtype in LOW_PRECISION:
-                    self.seen = True
-                    place = model_frame(traceback.extract_stack()[:-1])
-                    self.source = (f"{table} holds float32 values (a table computed in float32, "
-                                   f"then cast up)" if table is not None
-                                   else f"an operation ({getattr(func, 'overloadpacket', func).__name__}) "
-                                        f"takes or makes a {str(item.dtype)[6:]} tensor") + (
-                        f", at {place}" if place else "")
-                    break
+        inputs = [item for item in _leaves((args, kwargs)) if isinstance(item, Tensor)]
+        outputs = [item for item in _leaves(out) if isinstance(item, Tensor)]
+        for item in inputs:
+            table = self.storages.pop(item.untyped_storage().data_ptr(), None) if self.storages else None
+            if table is not None:
+                self._note(f"{table} holds float32 values (a table computed in float32, then cast up)")
+        if any(item.dtype in LOW_PRECISION for item in outputs) and \
+                not any(item.dtype in LOW_PRECISION for item in inputs):
+            low = next(item.dtype for item in outputs if item.dtype in LOW_PRECISION)
+            self._note(_cast_words(getattr(func, "overloadpacket", func).__name__, str(low)[6:]))
+        elif any(item.dtype in LOW_PRECISION for item in inputs):
+            self.seen = True
         return out
+
+    def _note(self, what: str) -> None:
+        self.seen = True
+        frames = traceback.extract_stack()[:-2]
+        place = model_frame(frames)
+        own = [frame for frame in frames if place.endswith(f":{frame.lineno} in {frame.name}")]
+        line = own[-1].line or "" if own else ""
+        if what.startswith("computation casts") and "softmax" in line:
+            what = f"softmax runs in {what.rpartition(' ')[2]} (a cast before it)"
+        text = what + (f", at {place}" if place else "")
+        if text not in self.sources:
+            self.sources.append(text)
+
+
+def _cast_words(operation: str, dtype: str) -> str:
+    """An operation that makes a lower-precision tensor from float64 ones, in plain words."""
+    if operation in ("_to_copy", "to", "copy_", "clone"):
+        return f"computation casts a tensor to {dtype}"
+    return f"operation {operation} makes a {dtype} tensor from float64 ones"
 
 
 def _leaves(tree) -> list:
@@ -95,9 +117,9 @@ def _leaves(tree) -> list:
 
 def capture_watched(model: nn.Module, inputs: tuple[Tensor | None, ...],
                     stand_ins: dict[str, Probe] | None = None, notes: dict[str, str] | None = None,
-                    ) -> tuple[dict[str, Tensor], set[str], str]:
-    """``capture``, the points computed after float32 evidence (``Float32Watch``), and that
-    evidence ("" if none)."""
+                    ) -> tuple[dict[str, Tensor], set[str], list[str]]:
+    """``capture``, the points computed after float32 evidence (``Float32Watch``), and each
+    source of it (none: [])."""
     watch, after = Float32Watch(model), set()
 
     def note(point: str) -> None:
@@ -105,7 +127,7 @@ def capture_watched(model: nn.Module, inputs: tuple[Tensor | None, ...],
             after.add(point)
 
     values = capture(model, inputs, stand_ins, during=watch, on_point=note, notes=notes)
-    return values, after, watch.source
+    return values, after, watch.sources
 
 
 # A departure within this many times the reference's own float32 rounding at a point (how far the
@@ -156,7 +178,8 @@ def compare_points(a: nn.Module, b: nn.Module, inputs: tuple[Tensor | None, ...]
                for model, extra, notes in zip((a, b), stand_ins, read, strict=True)]
     values = [got for got, _, _ in watched]
     float32_after = watched[0][1] | watched[1][1]
-    source = next((f"{name}'s {why}" for name, (_, _, why) in zip(names, watched, strict=True) if why), "")
+    source = "; ".join(f"{name}'s {why}" for name, (_, _, sources) in zip(names, watched, strict=True)
+                       for why in sources)
     low = capture(b_float32, inputs) if b_float32 is not None else {}
     differences = []
     for point in probe_points(a.config):

@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
+from common.random_batch import Batch
 from common.weights import import_weights, init_canonical
 from variants import SpecError, build
 from variants.check.adapter import absent_weights
@@ -104,16 +106,18 @@ def absent_line(spec: str, config: TransformerConfig) -> str:
     return f"declared absent (None in the weight map): {'; '.join(parts)}" if parts else ""
 
 
-def pair(spec: str, against: str, config: TransformerConfig, seed: int) -> tuple[nn.Module, nn.Module]:
-    """``spec`` and ``against`` built for ``config`` with the same weights, float32, eval mode.
-    Parameters outside the canonical set (``extra_parameters``) get the same draw every run; the
-    biases ``spec`` declares absent are zero in both."""
+def pair(spec: str, against: str, config: TransformerConfig, seed: int,
+         against_config: TransformerConfig | None = None) -> tuple[nn.Module, nn.Module]:
+    """``spec`` and ``against`` built for ``config`` (``against`` for ``against_config`` where
+    given: the other norm mode) with the same weights, float32, eval mode. Parameters outside the
+    canonical set (``extra_parameters``) get the same draw every run; the biases ``spec`` declares
+    absent are zero in both."""
     state = battery_weights(config, seed)
     models = []
-    for name in (spec, against):
+    for name, built_for in ((spec, config), (against, against_config or config)):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            model = build(name, config)
+            model = build(name, built_for)
         for absent in held_at_zero(model):
             state[absent] = torch.zeros_like(state[absent])
         models.append(model)
@@ -157,3 +161,11 @@ def compared(check: str, actual: Tensor, expected: Tensor, tolerance: Tolerance,
     return Result(check, bool(within.all()), delta.max().item(), str(tolerance), case=case, bound=tolerance,
                   config=config)
 
+
+def loss_of(model: nn.Module, batch: Batch, pad_id: int) -> Tensor:
+    """Mean NLL of the batch's labels over real target positions. A flat (B·T, V) output is
+    taken as it is (the forward checks fail it and say so)."""
+    log_probs = model(*batch.inputs())
+    if log_probs.ndim == 2 and log_probs.shape[0] == batch.labels.numel():
+        log_probs = log_probs.view(*batch.labels.shape, -1)
+    return F.nll_loss(log_probs.flatten(0, 1), batch.labels.flatten(), ignore_index=pad_id)

@@ -309,9 +309,10 @@ def test_a_departure_none_of_the_tried_ones_fits_is_said_so():
     spec = f"{FIXTURES}.bugs:OneProjectionForAllHeads"
     case = first_case()
     line = explain_first(spec, case, 0, locate(spec, case))
-    assert re.fullmatch(r"not explained by the \d+ classic departures, wrong maps and pairs of departures tried "
-                        r"at encoder\.layers\.0\.self_attn \(scale, biases, keys and values, masks, softmax axis, "
-                        r"head split, W_q/W_k, heads permuted; docs/check\.md lists them\)", line), line
+    assert re.fullmatch(r"not explained by the \d+ classic departures, wrong maps and pairs of departures "
+                        r"tried at encoder\.layers\.0\.self_attn \(scale, biases, keys and values, masks, "
+                        r"softmax axis, head split, W_q/W_k, heads permuted; docs/check\.md lists them\)",
+                        line), line
 
 
 # --- a decoder that returns (logits, attention), without a final norm ----------------------------
@@ -464,7 +465,7 @@ def test_suggest_maps_on_a_class_with_maps_it_cannot_read_is_one_line(capsys):
 
 def test_the_float32_evidence_is_named_with_where_the_model_reads_it():
     model = build(f"{BLOG}:Checked", POST).double().eval()
-    assert capture_watched(model, random_batch(POST).inputs())[2].startswith(
+    assert capture_watched(model, random_batch(POST).inputs())[2][0].startswith(
         "buffer pe holds float32 values (a table computed in float32, then cast up), at "
         "tests/fixtures/outside/blog.py:")
     norm = model.get_submodule("dec_ln")
@@ -472,9 +473,9 @@ def test_the_float32_evidence_is_named_with_where_the_model_reads_it():
     model.pe = sinusoid_table(POST.max_seq_len, POST.d_model)  # float64: no float32 values left
     line = next(n for n, text in enumerate(Path(__file__).read_text(encoding="utf-8").splitlines(), 1)
                 if "# a float32 detour" in text and "lambda" in text)
-    assert capture_watched(model, random_batch(POST).inputs())[2] == (
-        f"an operation (_to_copy) takes or makes a float32 tensor, at "
-        f"tests/variants/check/test_checker_blog.py:{line} in <lambda>")
+    assert capture_watched(model, random_batch(POST).inputs())[2] == [
+        f"computation casts a tensor to float32, at tests/variants/check/test_checker_blog.py:{line} "
+        f"in <lambda>"]
 
 
 def test_the_float32_verdict_needs_float32_on_the_path():

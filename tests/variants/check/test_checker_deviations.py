@@ -230,9 +230,10 @@ def test_a_float32_table_is_noted_and_the_later_bug_named():
     assert line.endswith("(float32 rounding)")
     (note,) = precision_notes(differences, FLOAT64.atol)
     line = line_of(sublayers, "self.pe[: x.shape[1]]")
-    assert re.fullmatch(r"src_embed differs by \S+: float32 rounding, Float32TableStdNorm's buffer "
-                        r"src_embed\.1\.pe holds float32 values \(a table computed in float32, then cast "
-                        rf"up\), at tests/fixtures/outside/sublayers\.py:{line} in forward", note), note
+    table = (r"Float32TableStdNorm's buffer (src|tgt)_embed\.1\.pe holds float32 values \(a table computed "
+             rf"in float32, then cast up\), at tests/fixtures/outside/sublayers\.py:{line} in forward")
+    assert re.fullmatch(rf"src_embed differs by \S+: float32 rounding, {table}; {table}", note), note
+    assert "src_embed.1.pe" in note and "tgt_embed.1.pe" in note  # every source, not the first
     table_difference = differences[0].max_abs
     assert 1e-9 < table_difference < 1e-6  # float32's rounding of values of order one, not 0
 
