@@ -238,12 +238,14 @@ def load_translation_model(path: str | os.PathLike, variant: str | None = None) 
 def translate_sentences(model: nn.Module, vocabulary: Vocabulary | MarianTokenizer | FairseqTokenizer,
                         sentences: Sequence[str], *, beam_size: int = 1, alpha: float = ALPHA,
                         batch_size: int = 64, normalization: str | None = "NFKC",
-                        search: Callable[[Tensor, Tensor], Tensor] | None = None) -> list[str]:
+                        search: Callable[[Tensor, Tensor], Tensor] | None = None,
+                        banned_ids: tuple[int, ...] = ()) -> list[str]:
     """The model's translation of each sentence, detokenised: greedy decoding for
     ``beam_size=1``, else beam search (``seq2seq.search.beam``, length penalty ``alpha``); or
     ``search``, a decoder of one's own taking the (B, S) source ids and their mask to (B, L)
     ids from the start id (``seq2seq.fast.static_search``'s decoders, built for this model and
-    vocabulary), in place of both.
+    vocabulary, with the same ``banned_ids``), in place of both. ``banned_ids`` (a model file's)
+    are never generated (``seq2seq.search.strategy.apply_ban``).
 
     Each sentence is normalised as the corpus was (``normalization``; None: left to the
     tokenizer, as a converted checkpoint's does) and may produce up to its length + 50 pieces
@@ -286,10 +288,11 @@ def translate_sentences(model: nn.Module, vocabulary: Vocabulary | MarianTokeniz
             tokens = search(src, src_mask)
         elif beam_size == 1:
             max_len = min(config.max_seq_len, src.shape[1] + EXTRA_LENGTH + 1)  # the start id included
-            tokens = greedy_decode(model, src, src_mask, max_len=max_len, bos_id=start_id, eos_id=eos_id)
+            tokens = greedy_decode(model, src, src_mask, max_len=max_len, bos_id=start_id, eos_id=eos_id,
+                                   banned_ids=banned_ids)
         else:
             tokens = beam_search(model, src, src_mask, bos_id=start_id, eos_id=eos_id,
-                                 beam_size=beam_size, alpha=alpha).tokens
+                                 beam_size=beam_size, alpha=alpha, banned_ids=banned_ids).tokens
         for row, text in zip(rows, vocabulary.decode(tokens.tolist()), strict=True):
             output[row] = text
     model.train(was_training)
@@ -298,15 +301,17 @@ def translate_sentences(model: nn.Module, vocabulary: Vocabulary | MarianTokeniz
 
 def evaluate(model: nn.Module, vocabulary: Vocabulary, examples: Sequence[Example], *,
              beam_sizes: Sequence[int] = (1, 4), alpha: float = ALPHA, batch_size: int = 64,
-             normalization: str = "NFKC") -> dict[int, Scores]:
+             normalization: str = "NFKC", banned_ids: tuple[int, ...] = ()) -> dict[int, Scores]:
     """Corpus BLEU and chrF of the model's translations of ``examples``' sources against all
-    their references, for each beam size (1: greedy), keyed by beam size."""
+    their references, for each beam size (1: greedy), keyed by beam size; ``banned_ids`` never
+    generated."""
     if not examples:
         raise ValueError("no examples to evaluate")
     sources = [example.source for example in examples]
     references = [example.references for example in examples]
     return {size: corpus_scores(translate_sentences(model, vocabulary, sources, beam_size=size, alpha=alpha,
-                                          batch_size=batch_size, normalization=normalization),
+                                          batch_size=batch_size, normalization=normalization,
+                                          banned_ids=banned_ids),
                                 references)
             for size in beam_sizes}
 

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
     try:
         translations = translate_sentences(model, vocabulary, sentences, beam_size=args.beam,
-                                           alpha=args.alpha, normalization=normalization)
+                                           alpha=args.alpha, normalization=normalization,
+                                           banned_ids=record.banned_ids)
     except ValueError as error:  # a sentence longer than the model reads
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     for line in translations:
@@ -103,7 +104,8 @@ def _score(args: argparse.Namespace, record: ModelFile, model: torch.nn.Module,
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     print(f"{args.model}: test split, {len(corpus.test):,} English sentences of at most "
           f"{settings.max_words} words (data: {ATTRIBUTION})")
-    for line in score_lines(evaluate(model, vocabulary, corpus.test, normalization=settings.normalization)):
+    for line in score_lines(evaluate(model, vocabulary, corpus.test, normalization=settings.normalization,
+                                       banned_ids=record.banned_ids)):
         print(line)
 
 

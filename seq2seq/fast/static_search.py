@@ -52,7 +52,14 @@ from common.cache import batch_first
 from common.checks import ids_range_checked
 from seq2seq.fast.onednn import with_onednn_linears
 from seq2seq.search.beam import ALPHA, BEAM_SIZE, Hypotheses, search
-from seq2seq.search.strategy import check_arguments, check_beam_arguments, check_source, eval_mode
+from seq2seq.search.strategy import (
+    apply_ban,
+    ban_mask,
+    check_arguments,
+    check_beam_arguments,
+    check_source,
+    eval_mode,
+)
 
 STATIC_METHODS = ("start_static_cache", "static_step")
 
@@ -71,12 +78,13 @@ class StaticNextToken:
     """``NextToken``'s static-shape twin over (B, L) prefixes, one ``static_step`` per call,
     compiled with ``compile_mode`` (and ``freezing``) unless the mode is None, its linears on
     oneDNN with ``onednn`` (``seq2seq.fast.onednn``): called, the (B, V)
-    log-probabilities of the next token; ``next_ids``, its (B,) most likely ids. With
+    log-probabilities of the next token; ``next_ids``, its (B,) most likely ids; both with
+    ``banned_ids`` masked inside the step (``seq2seq.search.strategy.apply_ban``). With
     ``reorders`` (beam search), ``reorder(origin)`` moves the cache's rows inside the next call."""
 
     def __init__(self, model: nn.Module, max_len: int, compile_mode: str | None = None, *,
                  freezing: bool = False, onednn: bool = False, onednn_dtype: torch.dtype = torch.float32,
-                 reorders: bool = False) -> None:
+                 reorders: bool = False, banned_ids: tuple[int, ...] = ()) -> None:
         missing = [name for name in STATIC_METHODS if not callable(getattr(model, name, None))]
         if missing:
             raise TypeError(f"{type(model).__module__} has no static step ({', '.join(missing)} "
@@ -99,6 +107,8 @@ class StaticNextToken:
         # a packed copy, or the model
         self.model = with_onednn_linears(model, onednn_dtype) if onednn else model
         self.max_len = max_len
+        device = next(model.parameters()).device
+        self.ban = ban_mask(banned_ids, model.config.tgt_vocab_size, device)  # (V,) or None
         self.compiled = compile_mode is not None
         self.freezing = freezing
         self.reorders = reorders
@@ -138,7 +148,7 @@ class StaticNextToken:
 
     def log_probs(self, last: Tensor, position: Tensor, cache: object) -> Tensor:
         """The step itself, what ``torch.compile`` captures: (B, 1) ids -> (B, V)."""
-        return self.model.project(self.model.static_step(last, position, cache))[:, -1]
+        return apply_ban(self.model.project(self.model.static_step(last, position, cache))[:, -1], self.ban)
 
     def reordered_log_probs(self, last: Tensor, position: Tensor, origin: Tensor, cache: object,
                             written: int | None) -> Tensor:
@@ -149,7 +159,8 @@ class StaticNextToken:
 
     def most_likely(self, last: Tensor, position: Tensor, cache: object) -> Tensor:
         """Greedy decoding's step: (B, 1) ids -> (B,) the ids of the largest logits."""
-        return self.model.generator(self.model.static_step(last, position, cache))[:, -1].argmax(dim=-1)
+        logits = self.model.generator(self.model.static_step(last, position, cache))[:, -1]  # (B, V)
+        return apply_ban(logits, self.ban).argmax(dim=-1)
 
     def reorder(self, origin: Tensor) -> None:
         """Row i continues old row ``origin[i]`` (B,) from the next call on; a row may only
@@ -188,16 +199,19 @@ class StaticGreedy:
     arguments and result of ``greedy_decode``, checked the same way (``check_arguments``) but once,
     here; a call checks only its source and mask. A call decodes in eval mode whatever mode the
     model is in, and gives each module its mode back, as ``greedy_decode`` does.
-    ``from_logits`` False takes the argmax of the log-probabilities instead (the same ids)."""
+    ``from_logits`` False takes the argmax of the log-probabilities instead (the same ids).
+    ``banned_ids`` are never chosen, as in ``greedy_decode``."""
 
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  compile_mode: str | None = None, freezing: bool = False, onednn: bool = False,
-                 onednn_dtype: torch.dtype = torch.float32, from_logits: bool = True) -> None:
-        self.config = check_arguments(model, None, max_len, bos_id, eos_id, True, max_len_may_be_none=False)
+                 onednn_dtype: torch.dtype = torch.float32, from_logits: bool = True,
+                 banned_ids: tuple[int, ...] = ()) -> None:
+        self.config = check_arguments(model, None, max_len, bos_id, eos_id, True, max_len_may_be_none=False,
+                                      banned_ids=banned_ids)
         self.max_len, self.bos_id, self.eos_id = max_len, bos_id, eos_id
         self.from_logits = from_logits
         self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
-                                               onednn_dtype=onednn_dtype)
+                                               onednn_dtype=onednn_dtype, banned_ids=banned_ids)
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
@@ -234,17 +248,18 @@ class StaticBeam:
     cache's positions), through the same ``search``. The settings are checked once, here
     (``check_beam_arguments``); a call checks only its source and mask. A call decodes in eval
     mode whatever mode the model is in, and gives each module its mode back, as ``beam_search``
-    does."""
+    does. ``banned_ids`` are never chosen, as in ``beam_search``."""
 
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  beam_size: int = BEAM_SIZE, alpha: float = ALPHA, compile_mode: str | None = None,
                  freezing: bool = False, onednn: bool = False,
-                 onednn_dtype: torch.dtype = torch.float32) -> None:
+                 onednn_dtype: torch.dtype = torch.float32, banned_ids: tuple[int, ...] = ()) -> None:
         self.arguments = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha)
         self.config = check_beam_arguments(model, None, None, **self.arguments, use_cache=True,
-                                           max_len_may_be_none=False)
+                                           max_len_may_be_none=False, banned_ids=banned_ids)
         self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
-                                               onednn_dtype=onednn_dtype, reorders=True)
+                                               onednn_dtype=onednn_dtype, reorders=True,
+                                               banned_ids=banned_ids)
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Hypotheses:
@@ -264,16 +279,18 @@ class StaticBeam:
 
 def static_greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *,
                          max_len: int, bos_id: int, eos_id: int, compile_mode: str | None = None,
-                         freezing: bool = False, onednn: bool = False) -> Tensor:
+                         freezing: bool = False, onednn: bool = False,
+                         banned_ids: tuple[int, ...] = ()) -> Tensor:
     """One call of a fresh ``StaticGreedy``: the same tokens as ``greedy_decode``."""
     return StaticGreedy(model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, compile_mode=compile_mode,
-                        freezing=freezing, onednn=onednn)(src, src_mask)
+                        freezing=freezing, onednn=onednn, banned_ids=banned_ids)(src, src_mask)
 
 
 def static_beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *, max_len: int,
                        bos_id: int, eos_id: int, beam_size: int = BEAM_SIZE, alpha: float = ALPHA,
                        compile_mode: str | None = None, freezing: bool = False,
-                       onednn: bool = False) -> Hypotheses:
+                       onednn: bool = False, banned_ids: tuple[int, ...] = ()) -> Hypotheses:
     """One call of a fresh ``StaticBeam``: the same hypotheses as ``beam_search``."""
     return StaticBeam(model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
-                      compile_mode=compile_mode, freezing=freezing, onednn=onednn)(src, src_mask)
+                      compile_mode=compile_mode, freezing=freezing, onednn=onednn,
+                      banned_ids=banned_ids)(src, src_mask)

@@ -13,8 +13,10 @@ which ``TransformerConfig.positions`` recomputes, and which are checked against 
 are one ``ValueError`` naming each.
 
 Where the checkpoint's generation settings forbid single ids (``bad_words_ids``: opus-mt
-forbids its padding id, which is also the decoder's start), the generator's bias for them is
-``BANNED_LOGIT``, so that no search here picks them (docs/real-checkpoints.md).
+forbids its padding id, which is also the decoder's start), the model file carries them as a
+decoding setting (``ModelFile.banned_ids``) that every search here applies, as ``generate``
+does; the weights stay the checkpoint's, so the forward is Hugging Face's in every column
+(docs/real-checkpoints.md).
 """
 
 from __future__ import annotations
@@ -39,10 +41,6 @@ from seq2seq.hub.hf_folder import WEIGHTS, CheckedFolder, read_folder
 from seq2seq.hub.tokenizers import FairseqTokenizer, MarianTokenizer, tokenizer_from_record
 from seq2seq.storage.model_file import ModelFile
 
-# The generator bias of an id the checkpoint's generation settings forbid: the most negative
-# float32, so exp(logit - max) is exactly 0 and the other ids' log-probabilities are those of a
-# softmax without it (in float16 and bfloat16 it becomes -inf, with the same effect).
-BANNED_LOGIT = torch.finfo(torch.float32).min
 # Hugging Face builds its sinusoid tables in float32 (even in a float64 model): fairseq's angles
 # position x frequency, rounded in float32, are off by up to about 1e-4 at position 1000; a
 # wrong layout or a position off by one is off by O(0.1) somewhere
@@ -131,10 +129,7 @@ def convert_loaded(model: torch.nn.Module, tokenizer: object, family: Family, *,
     tied = len({tensors[name].data_ptr() for name in _embedding_names(family)}) == 1
     config = family.read_config(model.config, share_embeddings=tied)
     weights = canonical_weights(tensors, family, config)
-    banned = _banned_ids(model, config)
-    if banned:
-        weights["generator.bias"] = weights["generator.bias"].clone()
-        weights["generator.bias"][banned] = BANNED_LOGIT
+    banned = _banned_ids(model, config)  # a decoding setting: the weights stay the checkpoint's
     generation = model.generation_config
     settings = {"hub": {
         "source": source, "architecture": family.architecture,
@@ -145,7 +140,7 @@ def convert_loaded(model: torch.nn.Module, tokenizer: object, family: Family, *,
                        ("num_beams", "length_penalty", "max_length", "forced_eos_token_id")}}}
     record = tokenizer_record(tokenizer, family)
     _check_tokenizer(tokenizer_from_record(record), model.config, config)
-    return ModelFile(variant, config, settings, weights, tokenizer=record)
+    return ModelFile(variant, config, settings, weights, tokenizer=record, banned_ids=tuple(banned))
 
 
 def _check_tokenizer(tokenizer: MarianTokenizer | FairseqTokenizer, hf_config: object,

@@ -66,6 +66,7 @@ def beam_search(
     alpha: float = ALPHA,
     max_len: int | None = None,
     use_cache: bool = True,
+    banned_ids: tuple[int, ...] = (),
 ) -> Hypotheses:
     """The best-scoring hypothesis of each (B, S) source that the beam finds.
 
@@ -73,12 +74,14 @@ def beam_search(
     gets at most n + 50 generated ids, and every row fits in ``max_seq_len`` positions.
     ``use_cache=False`` decodes by full recompute even where the model has a cache. Decodes in
     eval mode, as ``greedy_decode`` does: a model in train mode runs without dropout, and each
-    module's mode is given back afterwards.
+    module's mode is given back afterwards. ``banned_ids`` are never chosen: their
+    log-probabilities are -inf and the others' are left as they are (``apply_ban``), so the
+    scores are ``generate``'s under its bad-words processor.
     """
     config = check_beam_arguments(model, src, src_mask, max_len, bos_id, eos_id, use_cache,
-                                  beam_size, alpha)
+                                  beam_size, alpha, banned_ids=banned_ids)
     with eval_mode(model):
-        next_token_logp = NextToken(model, src, src_mask, use_cache)  # encodes, and checks src
+        next_token_logp = NextToken(model, src, src_mask, use_cache, banned_ids)  # encodes, and checks src
         rows = torch.arange(src.shape[0], device=src.device)  # (B,)
         next_token_logp.reorder(rows.repeat_interleave(beam_size))  # B -> B·k rows: each source once per beam
         # log-probabilities add up in float32 at least, float64 in a float64 model

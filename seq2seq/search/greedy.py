@@ -36,6 +36,7 @@ def greedy_decode(
     bos_id: int,
     eos_id: int,
     use_cache: bool = True,
+    banned_ids: tuple[int, ...] = (),
 ) -> Tensor:
     """Most likely token at each step, batched: (B, S) source ids -> (B, L) target ids.
 
@@ -48,13 +49,15 @@ def greedy_decode(
     even where the model has a cache (the tokens are the same). Decodes in eval mode, without
     dropout, whatever mode the model is in: a model in train mode is switched to eval for the
     call, and each module's own mode is given back afterwards, after an exception too
-    (``eval_mode``).
+    (``eval_mode``). ``banned_ids`` are never chosen (a model file's ``banned_ids``: their
+    log-probabilities are -inf, ``seq2seq.search.strategy.apply_ban``).
     """
-    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache, max_len_may_be_none=False)
+    config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache, max_len_may_be_none=False,
+                             banned_ids=banned_ids)
     check_no_empty_source(src, src_mask)
     pad_id = config.pad_id
     with eval_mode(model):
-        next_token_logp = NextToken(model, src, src_mask, use_cache)
+        next_token_logp = NextToken(model, src, src_mask, use_cache, banned_ids)
         batch = src.shape[0]
         tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
         finished = torch.zeros(batch, dtype=torch.bool, device=src.device)  # (B,)

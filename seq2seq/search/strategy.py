@@ -1,9 +1,9 @@
 """What every search shares (OpenNMT-py's ``decode_strategy`` idea): the cached next-token step
-(``NextToken``), the eval mode a search decodes in (``eval_mode``) and the checks of its
-arguments (``check_arguments``, ``check_beam_arguments``, ``check_source``,
-``check_no_empty_source``). Greedy decoding and beam search (``seq2seq.search.greedy``,
-``.beam``) use them, and so does the fast path (``seq2seq.fast``); nothing here decodes a
-sequence by itself.
+(``NextToken``), the ids a search never picks (``ban_mask``, ``apply_ban``), the eval mode a
+search decodes in (``eval_mode``) and the checks of its arguments (``check_arguments``,
+``check_beam_arguments``, ``check_source``, ``check_no_empty_source``). Greedy decoding and
+beam search (``seq2seq.search.greedy``, ``.beam``) use them, and so does the fast path
+(``seq2seq.fast``); nothing here decodes a sequence by itself.
 
 ``NextToken`` gives each step its log-probabilities. With a key/value cache (``model.has_cache``,
 every from-scratch variant) a step decodes the newest token only, ``decode_step``, reading the
@@ -11,6 +11,13 @@ keys and values of the earlier ones from the cache. Without one (the torch refer
 ``use_cache=False``) a step decodes the whole prefix under the usual causal and padding mask —
 about L²/2 decoder positions for L tokens instead of L, the cross-attention keys and values
 recomputed every step — and that is the specification the cache is tested against.
+
+Banned ids are a decoding constraint, not part of the model's function: a model file carries
+them (``ModelFile.banned_ids``: a converted opus-mt model's padding id, which is also its
+decoder's start), and every search masks their log-probabilities to -inf before it chooses,
+here in one place (``apply_ban``), without renormalising the rest, as Hugging Face's
+``generate`` does (its ``NoBadWordsLogitsProcessor``): greedy decoding's argmax and beam
+search's scores are then ``generate``'s.
 
 The checks raise before any tensor work, in one line naming the argument. ``check_arguments``
 and ``check_beam_arguments`` read what a search is given once (the model, lengths, special ids,
@@ -26,7 +33,8 @@ Shape legend:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -37,21 +45,41 @@ from common.config import TransformerConfig
 from common.masks import decoder_mask
 
 
+def ban_mask(banned_ids: Sequence[int], vocab_size: int, device: torch.device | str) -> Tensor | None:
+    """(V,) True at each banned id, or None where nothing is banned (the ids are checked:
+    ``check_banned_ids``)."""
+    if not banned_ids:
+        return None
+    mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)  # (V,)
+    mask[list(banned_ids)] = True
+    return mask
+
+
+def apply_ban(scores: Tensor, mask: Tensor | None) -> Tensor:
+    """(..., V) log-probabilities or logits with each banned id's entry -inf (``mask`` from
+    ``ban_mask``; None: unchanged). The others are left as they are, not renormalised: the
+    search chooses among them, as ``generate`` does after its bad-words processor."""
+    return scores if mask is None else scores.masked_fill(mask, -math.inf)
+
+
 class NextToken:
     """Next-token log-probabilities of a batch of prefixes that grow by one token per call.
 
     Encodes the source once; with ``use_cache`` and a model that has a cache, starts it. Called
     with the prefixes (B, L) — each call's one token longer than the last's — it returns the
     (B, V) log-probabilities of the token after each: from the cache, one position decoded, or
-    by decoding the whole prefix again. ``reorder`` makes row i continue old row ``origin[i]``.
+    by decoding the whole prefix again; each of ``banned_ids`` is -inf (``apply_ban``).
+    ``reorder`` makes row i continue old row ``origin[i]``.
     """
 
-    def __init__(self, model: nn.Module, src: Tensor, src_mask: Tensor | None, use_cache: bool) -> None:
+    def __init__(self, model: nn.Module, src: Tensor, src_mask: Tensor | None, use_cache: bool,
+                 banned_ids: Sequence[int] = ()) -> None:
         self.model = model
         self.memory = model.encode(src, src_mask)  # (B, S, D); encode checks src and src_mask
         self.src_mask = None if src_mask is None else batch_first(src_mask, src.shape[0])
         cached = use_cache and getattr(model, "has_cache", False)
         self.cache = model.start_cache(self.memory, src_mask) if cached else None
+        self.ban = ban_mask(banned_ids, model.config.tgt_vocab_size, src.device)  # (V,) or None
 
     def __call__(self, tokens: Tensor) -> Tensor:
         if self.cache is not None:  # the earlier positions' keys and values are the cache's
@@ -59,7 +87,7 @@ class NextToken:
         else:
             tgt_mask = decoder_mask(tokens, self.model.config.pad_id)  # (B, 1, L, L)
             hidden = self.model.decode(tokens, self.memory, self.src_mask, tgt_mask)[:, -1:]  # (B, 1, D)
-        return self.model.project(hidden)[:, -1]  # (B, V)
+        return apply_ban(self.model.project(hidden)[:, -1], self.ban)  # (B, V)
 
     def reorder(self, origin: Tensor) -> None:
         """Row i continues old row ``origin[i]`` (B',): the cache's rows, or the source's."""
@@ -108,11 +136,11 @@ def check_no_empty_source(src: object, src_mask: object) -> None:
 
 def check_arguments(
     model: object, src_mask: object, max_len: object, bos_id: object, eos_id: object,
-    use_cache: object, *, max_len_may_be_none: bool = True,
+    use_cache: object, *, max_len_may_be_none: bool = True, banned_ids: object = (),
 ) -> TransformerConfig:
     """Everything ``encode`` does not check itself; raises before any tensor work. ``max_len``
     None is beam search's default (a length from each source); greedy decoding has none, and
-    refuses it (``max_len_may_be_none=False``)."""
+    refuses it (``max_len_may_be_none=False``). ``banned_ids``: ``check_banned_ids``."""
     if not isinstance(model, nn.Module) or not all(
         callable(getattr(model, method, None)) for method in ("encode", "decode", "project")
     ):
@@ -144,8 +172,23 @@ def check_arguments(
     if eos_id == config.pad_id:  # EOS as padding could not be told from the padding after it
         raise ValueError(f"eos_id must differ from config.pad_id ({config.pad_id}), got {eos_id}")
     check_start_id(config, bos_id, eos_id)
+    check_banned_ids(banned_ids, config, eos_id)
     check_source_mask(src_mask)
     return config
+
+
+def check_banned_ids(banned_ids: object, config: TransformerConfig, eos_id: int) -> None:
+    """The ids a search never picks: a tuple or list of ints in [0, tgt_vocab_size), EOS not
+    among them (a search that cannot end would run to its length limit on every row)."""
+    if not isinstance(banned_ids, (tuple, list)):
+        raise TypeError(f"banned_ids must be a tuple of ints, got {type(banned_ids).__name__} {banned_ids!r}")
+    for value in banned_ids:
+        check_int("banned_ids", value)
+        if not 0 <= value < config.tgt_vocab_size:
+            raise ValueError(f"banned_ids must lie in [0, tgt_vocab_size={config.tgt_vocab_size}), "
+                             f"got {value}")
+    if eos_id in banned_ids:
+        raise ValueError(f"banned_ids holds eos_id ({eos_id}): a search that may not end cannot stop")
 
 
 def check_start_id(config: TransformerConfig, bos_id: int, eos_id: int) -> None:
@@ -189,12 +232,12 @@ def check_source(src: object, src_mask: object) -> None:
 
 def check_beam_arguments(model: object, src: object, src_mask: object, max_len: object, bos_id: object,
                          eos_id: object, use_cache: object, beam_size: object, alpha: object, *,
-                         max_len_may_be_none: bool = True) -> TransformerConfig:
+                         max_len_may_be_none: bool = True, banned_ids: object = ()) -> TransformerConfig:
     """``beam_search``'s arguments, before any tensor work: greedy decoding's checks, a beam of at
     least one, a non-negative alpha and no padding-only source. A static cache needs its
     ``max_len`` (``max_len_may_be_none=False``)."""
     config = check_arguments(model, src_mask, max_len, bos_id, eos_id, use_cache,
-                             max_len_may_be_none=max_len_may_be_none)
+                             max_len_may_be_none=max_len_may_be_none, banned_ids=banned_ids)
     check_int("beam_size", beam_size, low=1)
     check_number("alpha", alpha, low_closed=True)  # a negative alpha would favour short output
     check_no_empty_source(src, src_mask)

@@ -49,6 +49,26 @@ class ModelFile:
     # a converted checkpoint's own tokenizer as plain data (seq2seq.hub.tokenizers: Marian's
     # sentencepiece models, fairseq's BPE), in place of a vocabulary; None otherwise
     tokenizer: Mapping[str, object] | None = dataclasses.field(default=None, kw_only=True)
+    # target ids every search here never picks, a decoding setting beside the weights (not in
+    # them): a converted checkpoint's forbidden single ids, such as opus-mt's padding id
+    # (seq2seq.search.strategy.apply_ban); () for a model trained here, and in older files
+    banned_ids: tuple[int, ...] = dataclasses.field(default=(), kw_only=True)
+
+    def __post_init__(self) -> None:
+        if problem := banned_ids_problem(self.banned_ids, self.config):
+            raise ValueError(f"ModelFile.banned_ids {problem}")
+
+
+def banned_ids_problem(banned_ids: object, config: object) -> str | None:
+    """Why ``banned_ids`` cannot be a model file's (not a tuple of ints in [0, tgt_vocab_size),
+    each once, in increasing order), or None."""
+    if not isinstance(banned_ids, tuple) or not all(type(i) is int for i in banned_ids):
+        return f"must be a tuple of ints, got {banned_ids!r}"
+    if isinstance(config, TransformerConfig) and not all(0 <= i < config.tgt_vocab_size for i in banned_ids):
+        return f"must lie in [0, tgt_vocab_size={config.tgt_vocab_size}), got {banned_ids!r}"
+    if list(banned_ids) != sorted(set(banned_ids)):
+        return f"must be increasing, each id once, got {banned_ids!r}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -201,12 +221,16 @@ def load(path: str | os.PathLike) -> ModelFile:
     if problem is not None:
         raise ValueError(f"{path} is not a usable checkpoint:\n  {problem}")
     kind = _KINDS[payload["kind"]]
-    # a field a file lacks is None: the vocabulary and tokenizer, in files written before they existed
+    # a field a file lacks is None: the vocabulary and tokenizer, in files written before they
+    # existed; no banned ids, in files written before those
     fields = {field.name: payload.get(field.name) for field in dataclasses.fields(kind)}
+    fields["banned_ids"] = payload.get("banned_ids", ())
     try:
         fields["config"] = TransformerConfig(**fields["config"])
     except (TypeError, ValueError) as error:
         raise ValueError(f"{path} holds an invalid config: {error}") from error
+    if problem := banned_ids_problem(fields["banned_ids"], fields["config"]):
+        raise ValueError(f"{path} holds invalid banned_ids: they {problem}")
     if kind is Checkpoint:
         fields["rng"] = tuple(fields["rng"])
     return kind(**fields)

@@ -13,7 +13,6 @@ from seq2seq import translate
 from seq2seq.hub import tiny
 from seq2seq.hub.families import FAMILIES
 from seq2seq.hub.from_hf import (
-    BANNED_LOGIT,
     canonical_weights,
     convert,
     convert_loaded,
@@ -45,18 +44,19 @@ def test_the_config_is_read_off_the_checkpoint(checkpoint):
     assert (config.d_model, config.n_heads, config.n_layers, config.max_seq_len) == (16, 4, 2, 64)
 
 
-def test_marian_s_padding_id_is_banned_in_the_generator_bias(tiny_named):
-    """opus-mt's generation settings forbid the padding id (its decoder's start): the bias says
-    so; fairseq's forbid nothing, and its generator has no bias (zeros)."""
+def test_marian_s_padding_id_is_banned_as_a_decoding_setting(tiny_named):
+    """opus-mt's generation settings forbid the padding id (its decoder's start): the model file's
+    banned_ids say so, and the bias stays the checkpoint's; fairseq's forbid nothing, and its
+    generator has no bias (zeros)."""
     marian, fsmt = tiny_named("marian-swish-tied"), tiny_named("fsmt-untied")
     pad = marian.record.config.pad_id
     bias = marian.record.weights["generator.bias"]
     hf = tiny.hf_library().MarianMTModel.from_pretrained(marian.folder)
     assert marian.record.settings["hub"]["banned_ids"] == [pad]
-    assert bias[pad] == BANNED_LOGIT
-    others = torch.arange(len(bias)) != pad
-    assert torch.equal(bias[others], hf.final_logits_bias[0, others])
+    assert marian.record.banned_ids == (pad,)
+    assert torch.equal(bias, hf.final_logits_bias[0])
     assert fsmt.record.settings["hub"]["banned_ids"] == []
+    assert fsmt.record.banned_ids == ()
     assert torch.equal(fsmt.record.weights["generator.bias"], torch.zeros(fsmt.record.config.tgt_vocab_size))
 
 
@@ -161,12 +161,11 @@ def test_converting_twice_gives_the_same_weights(tiny_named):
 
 def test_the_map_read_backwards_gives_hugging_face_s_tensors_back(tiny_named):
     """marian_model (the hf-marian row of compare.py) holds exactly the converted checkpoint's
-    tensors where Hugging Face keeps them; only the banned padding id's bias differs."""
+    tensors where Hugging Face keeps them."""
     checkpoint = tiny_named("marian-relu-two")
     config, pad = checkpoint.record.config, checkpoint.record.config.pad_id
     rebuilt = marian_model(config, checkpoint.record.weights, start_id=pad, eos_id=0).state_dict()
     original = tiny.hf_library().MarianMTModel.from_pretrained(checkpoint.folder).state_dict()
-    original["final_logits_bias"][0, pad] = BANNED_LOGIT
     names = [name for name in original if "embed_positions" not in name]
     assert names and all(torch.equal(rebuilt[name], original[name]) for name in names)
 

@@ -6,9 +6,10 @@ The expected values are Hugging Face's own (``MarianMTModel``, ``FSMTForConditio
 on the tiny checkpoints of ``seq2seq.hub.tiny``), with its float32 sinusoid tables recomputed in
 float64 (``tiny.hf_float64``: otherwise the positions alone differ by about 6e-8), FSMT called
 with ``use_cache=False`` (with the cache it applies no causal mask to a multi-token forward) and
-its causal mask filled in float64 (``tiny.fsmt_float64_masks``). Ids the checkpoint's generation
-settings forbid (Marian's padding id) are masked and the rest renormalised on Hugging Face's
-side: the converted generator's bias holds the ban (``BANNED_LOGIT``).
+its causal mask filled in float64 (``tiny.fsmt_float64_masks``). The forward is compared in
+every column: ids the checkpoint's generation settings forbid (Marian's padding id) are a
+decoding setting of the model file (``ModelFile.banned_ids``), which the searches apply as
+``generate`` does, not part of the weights.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import torch
 from common.masks import decoder_mask, padding_mask
 from seq2seq import translate
 from seq2seq.hub import tiny
-from seq2seq.hub.from_hf import BANNED_LOGIT
 from seq2seq.hub.tokenizers import tokenizer_from_record
 from seq2seq.search.beam import beam_search, length_penalty
 from seq2seq.search.greedy import greedy_decode
@@ -51,13 +51,11 @@ def targets(checkpoint, length: int = 7) -> torch.Tensor:
     return ids
 
 
-def hf_log_probs(model, checkpoint, src, attention, tgt) -> torch.Tensor:
-    """Hugging Face's log-probabilities in float64, its forbidden ids masked and the rest renormalised."""
+def hf_log_probs(model, src, attention, tgt) -> torch.Tensor:
+    """Hugging Face's forward as log-probabilities in float64, every column as it is."""
     with tiny.fsmt_float64_masks(), torch.no_grad():
         logits = model(input_ids=src, attention_mask=attention, decoder_input_ids=tgt, use_cache=False).logits
-    banned = torch.zeros(logits.shape[-1], dtype=torch.bool)
-    banned[checkpoint.record.settings["hub"]["banned_ids"]] = True
-    return torch.log_softmax(logits.masked_fill(banned, float("-inf")), dim=-1)
+    return torch.log_softmax(logits, dim=-1)
 
 
 def real_positions(tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -68,9 +66,8 @@ def real_positions(tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
 
 
 def compare(ours: torch.Tensor, theirs: torch.Tensor, real: torch.Tensor) -> float:
-    """max |Δ| over real target positions and the ids Hugging Face allows (-inf there: forbidden)."""
-    allowed = torch.isfinite(theirs[0, 0])
-    return (ours - theirs)[real][:, allowed].abs().max().item()
+    """max |Δ| over real target positions, in every column (the forbidden ids' included)."""
+    return (ours - theirs)[real].abs().max().item()
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +85,11 @@ def test_log_probs_match_hugging_face_in_float64(checkpoint, variant, hf_models)
     config = checkpoint.record.config
     src, attention = sources(checkpoint)
     tgt = targets(checkpoint)
-    expected = hf_log_probs(hf_model(checkpoint, hf_models), checkpoint, src, attention, tgt)
+    expected = hf_log_probs(hf_model(checkpoint, hf_models), src, attention, tgt)
     model = build_model(checkpoint.record, variant).double().eval()
     with torch.no_grad():
         got = model(src, tgt, padding_mask(src, config.pad_id), decoder_mask(tgt, config.pad_id))
     assert compare(got, expected, real_positions(tgt, config.pad_id)) <= TOLERANCE
-    banned = checkpoint.record.settings["hub"]["banned_ids"]
-    assert (got[..., banned] < BANNED_LOGIT / 2).all()  # what Hugging Face masks, ours never picks
 
 
 def test_greedy_tokens_match_generate(checkpoint, variant, hf_models):
@@ -108,7 +103,8 @@ def test_greedy_tokens_match_generate(checkpoint, variant, hf_models):
         forced_eos_token_id=None)
     model = build_model(checkpoint.record, variant).double().eval()
     got = greedy_decode(model, src, padding_mask(src, config.pad_id), max_len=MAX_LEN,
-                        bos_id=tokenizer.start_id, eos_id=tokenizer.eos_id)
+                        bos_id=tokenizer.start_id, eos_id=tokenizer.eos_id,
+                        banned_ids=checkpoint.record.banned_ids)
     assert torch.equal(got, expected)
     ended = (got[:, 1:] == tokenizer.eos_id).any(dim=1)  # (an FSMT row starts with EOS)
     assert ended.any() and not ended.all()  # rows that end before the limit, and rows that run to it
@@ -129,7 +125,8 @@ def test_beam_hypotheses_match_generate_without_length_penalty(checkpoint, hf_mo
         length_penalty=0.0, forced_eos_token_id=None)
     model = build_model(checkpoint.record, "explicit").double().eval()
     got = beam_search(model, src, padding_mask(src, config.pad_id), bos_id=tokenizer.start_id,
-                      eos_id=tokenizer.eos_id, beam_size=4, alpha=0.0, max_len=MAX_LEN).tokens
+                      eos_id=tokenizer.eos_id, beam_size=4, alpha=0.0, max_len=MAX_LEN,
+                      banned_ids=checkpoint.record.banned_ids).tokens
     for ours, theirs in zip(got, expected, strict=True):
         assert generated(ours, config.pad_id) == generated(theirs, config.pad_id)
 
@@ -143,9 +140,10 @@ def test_beam_scores_are_hugging_face_log_probabilities_over_the_length_penalty(
     src, attention = sources(checkpoint)
     model = build_model(checkpoint.record, "explicit").double().eval()
     best = beam_search(model, src, padding_mask(src, config.pad_id), bos_id=tokenizer.start_id,
-                       eos_id=tokenizer.eos_id, beam_size=4, alpha=0.6, max_len=MAX_LEN)
+                       eos_id=tokenizer.eos_id, beam_size=4, alpha=0.6, max_len=MAX_LEN,
+                       banned_ids=checkpoint.record.banned_ids)
     tgt = best.tokens  # (B, L): start, generated ids, padding after EOS
-    log_probs = hf_log_probs(hf_model(checkpoint, hf_models), checkpoint, src, attention, tgt[:, :-1])
+    log_probs = hf_log_probs(hf_model(checkpoint, hf_models), src, attention, tgt[:, :-1])
     picked = log_probs.gather(-1, tgt[:, 1:, None])[..., 0]  # (B, L - 1)
     ends = (tgt[:, :-1] == tokenizer.eos_id) & (torch.arange(tgt.shape[1] - 1) > 0)  # (an FSMT start is EOS)
     after_eos = torch.cumsum(ends, dim=1) > 0  # (B, L - 1): inputs at or after the generated EOS
