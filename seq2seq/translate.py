@@ -27,6 +27,7 @@ import torch
 
 from common.checks import check_number
 from common.cli import Parser, device_or_exit, one_line, positive
+from common.files import FileError, read_stream_text
 from seq2seq.data.corpus import ATTRIBUTION, CorpusSettings, load_corpus
 from seq2seq.data.subwords import Vocabulary
 from seq2seq.evaluation import score_lines
@@ -79,7 +80,10 @@ def main(argv: list[str] | None = None) -> None:
         _score(args, record, model, vocabulary)
         return
     # one output line per input line, a blank one included (translated as a blank line)
-    sentences = args.sentences or [line.rstrip("\n") for line in sys.stdin]
+    try:
+        sentences = args.sentences or stdin_lines()
+    except FileError as error:  # standard input that is not UTF-8 text
+        raise SystemExit(f"{PROG}: error: {error}") from None
     try:
         translations = translate_sentences(model, vocabulary, sentences, beam_size=args.beam,
                                            alpha=args.alpha, normalization=normalization,
@@ -88,6 +92,15 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     for line in translations:
         print(line)
+
+
+def stdin_lines() -> list[str]:
+    """Standard input's lines, read as UTF-8 (a ``FileError`` naming standard input if it is not),
+    each ending in LF, CRLF or a lone CR, as a text stream's universal newlines read them."""
+    buffer = getattr(sys.stdin, "buffer", None)  # none: a stream already decoded (a test's)
+    text = sys.stdin.read() if buffer is None else read_stream_text(buffer)
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines  # the last line's end starts no line
 
 
 def _score(args: argparse.Namespace, record: ModelFile, model: torch.nn.Module,

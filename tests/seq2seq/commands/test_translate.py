@@ -194,3 +194,35 @@ def test_a_run_with_a_time_budget_counts_its_steps_against_the_minutes(capsys):
     steps = capsys.readouterr().err
     assert "of 30 min" in budget and "100000" not in budget
     assert "1/100000" in steps
+
+
+@pytest.fixture
+def loaded_stub(monkeypatch):
+    """translate's model loading replaced: the lines it would translate are recorded."""
+    said = []
+    model = pipeline.TranslationModel(ModelFile.__new__(ModelFile), None, torch.nn.Identity(), "NFKC")
+    object.__setattr__(model.record, "banned_ids", ())
+    monkeypatch.setattr(translate, "load_translation_model", lambda path, variant: model)
+    monkeypatch.setattr(translate, "translate_sentences",
+                        lambda model, vocabulary, sentences, **k: said.extend(sentences) or list(sentences))
+    return said
+
+
+def test_standard_input_that_is_not_utf8_is_one_line(loaded_stub, monkeypatch, capsys):
+    before = b"Run!\nle caf"  # the bytes before the first that is not UTF-8
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(before + b"\xe9\n")))
+    with pytest.raises(SystemExit) as stop:
+        translate.main(["model.pt", "--beam", "1"])
+    assert stop.value.code == ("python -m seq2seq.translate: error: standard input: is not UTF-8 text "
+                               f"(byte 0xe9 at offset {len(before)})")
+    assert loaded_stub == []
+
+
+@pytest.mark.parametrize(("data", "lines"), [
+    (b"a\nb\n", ["a", "b"]), (b"a\r\nb", ["a", "b"]), (b"a\rb\r\n\n", ["a", "b", ""]), (b"", []),
+    ("caf\u00e9\n".encode(), ["caf\u00e9"]),
+])
+def test_standard_input_lines_end_in_lf_crlf_or_cr(loaded_stub, monkeypatch, capsys, data, lines):
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    translate.main(["model.pt", "--beam", "1"])
+    assert loaded_stub == lines
