@@ -10,6 +10,8 @@ machine it runs on (``python -m benchmarks.studies.NAME``; nothing imports a pro
     bfloat16_decoding  how far decoding on bfloat16 weights agrees with float32 on a test split
     coverage           how often several compare.py runs' intervals hold their pooled ratio (and
                        the control 1)
+    scaling/           how each row's time and memory grow with the length, and decoding's with the
+                       cache (``python -m benchmarks.studies.scaling``; its library is ``scaling.analysis``)
     learners/          one seed, five learners: every variant trained on real translation
                        (``python -m benchmarks.studies.learners``; its library is ``learners.study``)
 
