@@ -1,4 +1,4 @@
-"""Programs whose output the code alone decides: reading the variants, and generating docs. Each
+"""Programs whose output the code alone decides: they read the variants and generate docs. Each
 runs as ``python -m scripts.NAME`` from the repository root (scripts/ is not installed: pyproject
 installs common, variants, seq2seq and benchmarks only, so elsewhere Python answers ``No module
 named 'scripts'``).

@@ -4,11 +4,13 @@
     python -m scripts.layout --write    # and writes it into docs/architecture.md's Layout section
 
 A package's line is the first sentence of its ``__init__`` docstring (the package's index, which
-tests/test_indexes.py holds to naming every module in it), its words reflowed under the tree's
-second column. The top packages come in the order imports run (``TOP``), each followed by its
-subpackages, indented two spaces a level; docs/, tests/ and compare.py, which are not packages,
-close the tree as fixed lines (``FIXED``). tests/scripts/test_layout.py checks that the page's
-tree is what this prints, so a package's summary cannot change without the page following.
+tests/test_indexes.py holds to naming every module in it), on one line: without its
+parentheticals, and where it is still too long, up to the last clause (a comma, colon or
+semicolon) that fits; the index holds the rest. The top packages come in the order imports run
+(``TOP``), each followed by its subpackages, indented two spaces a level; docs/, tests/ and
+compare.py, which are not packages, close the tree as fixed lines (``FIXED``).
+tests/scripts/test_layout.py checks that the page's tree is what this prints, so a package's
+summary cannot change without the page following.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import textwrap
 from pathlib import Path
 
 from common.cli import Parser, first_line
@@ -28,25 +29,32 @@ SECTION = "## Layout"  # the page's heading starts so; the tree is the first ```
 TOP = ("common", "variants", "seq2seq", "benchmarks", "scripts")  # the order imports run
 # (name, what it holds) of the tree's lines that no package's index gives
 FIXED = (
-    ("docs/", "The reference pages the README links to; docs/results/, dated runs and their JSON."),
-    ("tests/", "Mirrors the packages (and scripts/, docs/); test_layering.py holds the import rule, "
-               "test_indexes.py the indexes."),
-    ("compare.py", "`python compare.py`: a thin command over benchmarks/compare/."),
+    ("docs/", "The reference pages the README links to; docs/results/, dated runs and their JSON"),
+    ("tests/", "Mirrors the packages, scripts/ and docs/; test_layering.py holds the import rule"),
+    ("compare.py", "`python compare.py`: a thin command over benchmarks/compare/"),
 )
 NAME_WIDTH = 15  # the first column: a name, indented by its depth, then at least one space
 WIDTH = 100  # the longest line
-CODE_SPAN = re.compile(r"`[^`]+`")
-NO_BREAK = "\u00a0"  # stands for a space inside a code span while the text is wrapped
+PARENTHETICAL = re.compile(r"\s*\([^()]*\)")
+CLAUSE_END = re.compile(r"[,:;](?= )")
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(`])")
 
 
-def summary(docstring: str) -> str:
-    """The first sentence of a docstring's first paragraph, on one line, with reST's double
-    backticks as Markdown's single ones (a paragraph that ends in a colon introduces a list:
-    the colon is dropped)."""
+def summary(docstring: str, width: int = WIDTH - NAME_WIDTH) -> str:
+    """The first sentence of a docstring's first paragraph in at most ``width`` characters: with
+    reST's double backticks as Markdown's single ones, no parentheticals, no closing stop or
+    colon, and cut after its last clause that fits when it is longer."""
     paragraph = " ".join(docstring.strip().split("\n\n", 1)[0].split())
-    sentence = SENTENCE_END.split(paragraph, maxsplit=1)[0]
-    return sentence.replace("``", "`").removesuffix(":")
+    sentence = SENTENCE_END.split(paragraph, maxsplit=1)[0].replace("``", "`")
+    while PARENTHETICAL.search(sentence):
+        sentence = PARENTHETICAL.sub("", sentence)
+    sentence = sentence.rstrip(".:")
+    if len(sentence) <= width:
+        return sentence
+    cuts = [match.start() for match in CLAUSE_END.finditer(sentence) if match.start() <= width]
+    if not cuts:
+        raise ValueError(f"no clause of at most {width} characters opens {sentence[:width]!r}...")
+    return sentence[:cuts[-1]]
 
 
 def package_summary(package: Path, root: Path) -> str:
@@ -54,16 +62,15 @@ def package_summary(package: Path, root: Path) -> str:
     docstring = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"), filename=str(init)))
     if not docstring:
         raise ValueError(f"{init.relative_to(root)} has no docstring to summarise the package")
-    return summary(docstring)
+    try:
+        return summary(docstring)
+    except ValueError as error:
+        raise ValueError(f"{init.relative_to(root)}: {error}") from None
 
 
 def line(name: str, text: str) -> list[str]:
-    """``name`` in the first column and ``text`` wrapped beside it, a code span never split."""
-    column = max(NAME_WIDTH, len(name) + 1)
-    kept = CODE_SPAN.sub(lambda span: span.group(0).replace(" ", NO_BREAK), text)
-    words = textwrap.wrap(kept, width=WIDTH - column, break_long_words=False, break_on_hyphens=False)
-    words = [word.replace(NO_BREAK, " ") for word in words]
-    return [f"{name.ljust(column)}{words[0]}", *(" " * column + rest for rest in words[1:])]
+    """``name`` in the first column and ``text`` beside it."""
+    return [f"{name.ljust(max(NAME_WIDTH, len(name) + 1))}{text}"]
 
 
 def package_lines(package: Path, root: Path, depth: int) -> list[str]:

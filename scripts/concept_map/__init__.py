@@ -1,5 +1,5 @@
-"""The README's concept map, read: each concept's row, and each symbol a cell links as its file
-defines it now (the lines ``inspect.getsource`` gives, read with ``ast``).
+"""The README's concept map, read from the source: each concept's row, and each symbol a cell links
+as its file defines it now (the lines ``inspect.getsource`` gives, read with ``ast``).
 
     python -m scripts.concept_map    # each concept, then each column's symbols at path:first-last
     rows = concepts()                # one Concept per row, each Cell's Symbols read from the source

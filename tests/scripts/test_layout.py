@@ -26,29 +26,29 @@ def test_the_architecture_page_shows_the_tree_the_code_draws():
 
 def test_each_line_is_the_first_sentence_of_a_package_index(tmp_path):
     package(tmp_path / "alpha", "The first room. More words that stay out.\n\nA second paragraph.")
-    package(tmp_path / "alpha" / "inner", "Holds ``code`` spans:\n\n    a list")
+    package(tmp_path / "alpha" / "inner", "Holds ``code`` spans (and an aside (nested)):\n\n    a list")
     package(tmp_path / "alpha" / "inner" / "deep", "Deepest")
     (tmp_path / "alpha" / "data").mkdir()  # a folder without __init__.py is no package
     package(tmp_path / "alpha" / "beta", "Sorted before inner.")
     package(tmp_path / "omega", "Last of the top\npackages, its lines joined.")
-    drawn = layout.tree(tmp_path, top=("omega", "alpha"), fixed=(("notes/", "Fixed text."),))
+    drawn = layout.tree(tmp_path, top=("omega", "alpha"), fixed=(("notes/", "Fixed text"),))
     assert drawn == (
-        "omega/         Last of the top packages, its lines joined.\n"
-        "alpha/         The first room.\n"
-        "  beta/        Sorted before inner.\n"
+        "omega/         Last of the top packages, its lines joined\n"
+        "alpha/         The first room\n"
+        "  beta/        Sorted before inner\n"
         "  inner/       Holds `code` spans\n"
         "    deep/      Deepest\n"
-        "notes/         Fixed text.\n")
+        "notes/         Fixed text\n")
 
 
-def test_a_long_summary_wraps_under_the_second_column_and_keeps_code_spans_whole(tmp_path):
-    words = "word " * 14 + "``python -m a.long command`` end."  # the span's first words would fit
-    package(tmp_path / "pkg", words)
-    lines = layout.tree(tmp_path, top=("pkg",), fixed=()).splitlines()
-    assert len(lines) == 2
-    assert all(len(line) <= layout.WIDTH for line in lines)
-    assert lines[0] == "pkg/           " + ("word " * 14).strip()
-    assert lines[1] == " " * 15 + "`python -m a.long command` end."
+def test_a_long_summary_keeps_its_clauses_that_fit_on_one_line():
+    opening = "An opening clause, " + "w" * 66  # the 85 characters beside the name column
+    assert len(opening) == layout.WIDTH - layout.NAME_WIDTH
+    assert layout.summary(opening + "; then more words than fit.") == opening
+    assert layout.summary(opening + "s; then more.") == "An opening clause"  # 86 + more: one clause less
+    assert layout.summary("Fits exactly " + "x" * 72) == "Fits exactly " + "x" * 72
+    with pytest.raises(ValueError, match="no clause of at most 85 characters"):
+        layout.summary("y" * 90 + ", z.")
 
 
 def test_a_package_without_an_index_is_refused_by_name(tmp_path):
