@@ -1,0 +1,210 @@
+"""``python -m variants.check`` on a model in the shape maintained libraries give theirs
+(``tests/fixtures/outside/library.py``): the draft places norms by the order the layer calls them
+and reads NaN memory; a wrong map, two departures together, a difference at padded positions only,
+a model in the other norm mode and float32 casts are each named for what they are; a trained extra
+parameter is named when the Adam steps part."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.probes import Probe
+from common.random_batch import random_batch
+from tests.fixtures.outside import library
+from variants import REFERENCE
+from variants.check.__main__ import main
+from variants.check.adapter import drafting
+from variants.check.battery import forward, gradients, lockstep, masked_batch
+from variants.check.diagnose import explain_first, locate, padded_point, trained_extras
+from variants.check.harness import CONFIG, Case
+from variants.check.suggest import draft
+from variants.check.tolerances import FLOAT64
+
+LIBRARY = "tests.fixtures.outside.library"
+SMALL = CONFIG.replace(n_layers=1, d_ff=64)  # one layer per stack: the component tests' model
+PRE = SMALL.replace(norm_first=True)
+
+
+def case(config=PRE, inputs=None) -> Case:
+    return Case(REFERENCE, config, torch.float64, inputs or random_batch(config, 3, 7, 5).inputs(), FLOAT64)
+
+
+def why(name: str, config=PRE) -> str:
+    spec, first = f"{LIBRARY}:{name}", case(config)
+    return explain_first(spec, first, 0, locate(spec, first))
+
+
+def line_of(text: str) -> int:
+    lines = Path(library.__file__).read_text(encoding="utf-8").splitlines()
+    (number,) = [n for n, line in enumerate(lines, 1) if text in line]
+    return number
+
+
+# --- the draft ----------------------------------------------------------------------------------
+
+
+def test_the_draft_places_norms_in_the_order_the_layer_calls_them():
+    """Each layer registers its feed-forward (which holds a norm) before its own norms, and calls
+    that norm last: norm1 is the layer's own norm, as the hand-written map says."""
+    found = draft(drafting(library.Checked)(PRE), PRE)
+    for stack, norms in (("encoder", ("layer_norm", "feed_forward.layer_norm")),
+                         ("decoder", ("layer_norm_1", "layer_norm_2", "feed_forward.layer_norm"))):
+        for n, module in enumerate(norms, start=1):
+            target = f"{stack}.transformer.0.{module}"
+            assert found.weights[f"{stack}.layers.0.norm{n}.weight"] == f"{target}.weight"
+            assert found.probes[f"{stack}.layers.0.norm{n}"] == Probe(f"{stack}.transformer.0.{module}")
+    assert any("placed in call order" in note and "not their registration order" in note
+               for note in found.notes), found.notes
+
+
+def test_a_draft_over_uninitialised_parameters_keeps_its_embedding_points():
+    """NaN memory (a library's skip_init) in every parameter: the draft still finds the module
+    whose output is each stack's first input."""
+    found = draft(drafting(library.Uninitialised)(PRE), PRE)
+    assert found.probes["src_embed"] == Probe("encoder.dropout")
+    assert found.probes["tgt_embed"] == Probe("decoder.dropout")
+
+
+class EmbeddingsInForward(library.Checked):
+    """The embeddings summed in forward, through no module of their own."""
+
+    def embed(self, stack, ids):
+        return stack.embeddings(ids) * self.config.d_model ** 0.5 + self.pe[: ids.shape[1]].to(torch.float32)
+
+
+def test_a_point_the_draft_cannot_place_is_flagged_not_left_out_silently():
+    found = draft(drafting(EmbeddingsInForward)(PRE), PRE)
+    assert found.probes["src_embed"] is None
+    assert any(note.startswith("src_embed: no module's output is the encoder's first input")
+               for note in found.notes), found.notes
+
+
+# --- wrong maps, two departures, the closest fit, the departures under another config ------------
+
+
+@pytest.mark.parametrize(("name", "config", "says"), [
+    ("SwappedNorms", PRE, "explained: encoder.layers.0.norm1 holds encoder.layers.0.norm2's gain and "
+                          "shift: a weight map that sends encoder.layers.0.norm1 to encoder.layers.0.norm2's "
+                          "module"),
+    ("SwappedQueryKey", PRE, "explained: W_q and W_k exchanged"),
+    ("ScaledSinusoids", PRE, "explained: two departures together at the embeddings: the embeddings not "
+                             "scaled by √d_model = √32; and the positions scaled by 1/√d_model = 0.177 (the "
+                             "value the model's own pos_scale holds) (together the reference's embeddings "
+                             "times 0.177)"),
+    ("FairseqPositions", PRE, "explained: the positions counted from 2 (fairseq's padding_idx + 1), not 0;"),
+    ("SiluNoBias", PRE.replace(activation="silu"), "explained: the first linear's bias left out;"),
+], ids=["norms swapped", "W_q/W_k swapped", "two at the embeddings", "fairseq offset", "silu"])
+def test_the_departure_is_named(name, config, says):
+    assert why(name, config).startswith(says), why(name, config)
+
+
+def test_of_several_fitting_departures_the_closest_is_named():
+    """eps 1e-12 in float64: eps 1e-9, 1e-10 and 0 fit within the tolerance too, and come first
+    or last in the order tried; the closest, the model's own, is named."""
+    spec, first = "tests.fixtures.outside.residual:Eps1e12", case(SMALL)
+    assert explain_first(spec, first, 0, locate(spec, first)).startswith(
+        "explained: LayerNorm eps 1e-12 (BERT's) where the reference's is 1e-06;")
+
+
+def test_two_departures_in_one_layernorm_are_named_together():
+    """A norm with eps 1e-5 and no shift: no single departure fits, the pair does."""
+    assert why("EpsNoShift").startswith(
+        "explained: two departures together in the LayerNorm: eps 1e-05 (nn.LayerNorm's default) where the "
+        "reference's is 1e-06, and no shift (bias);"), why("EpsNoShift")
+
+
+# --- padded positions, the other norm mode ---------------------------------------------------------
+
+
+def test_an_output_that_differs_only_at_padded_targets_says_so_and_no_loss_sees_it():
+    spec = f"{LIBRARY}:PaddedZeros"
+    first = case()
+    result = forward(spec, first, 0, "forward")
+    padded = int((first.inputs[1] == PRE.pad_id).sum())
+    assert padded > 0 and result.passed is False
+    assert re.search(rf"hint: only the {padded} padded target positions \(tgt == pad_id 0\) differ; at every "
+                     r"real position the output agrees to \S+: .* which no loss over real targets sees",
+                     result.detail), result.detail
+    assert gradients(spec, REFERENCE, PRE, 0).passed  # the loss indeed does not see them
+    note = padded_point(spec, first, 0, "encoder.layers.0.norm2")
+    assert note.startswith("encoder.layers.0.norm2 differs only at padded source positions"), note
+
+
+def test_a_fully_masked_row_that_alone_differs_says_so():
+    spec = f"{LIBRARY}:MaskedRowZeros"
+    masked = Case("explicit", PRE, torch.float64, masked_batch(PRE, 0), FLOAT64)
+    result = forward(spec, masked, 0, "fully masked source row")
+    assert result.passed is False
+    assert "hint: only batch row 1, whose source is padding only, differs" in result.detail, result.detail
+    assert forward(spec, case(), 0, "forward").passed  # nothing else differs
+
+
+def test_a_model_built_for_post_norm_that_computes_pre_norm_is_told_to_declare_it():
+    result = forward(f"{LIBRARY}:Undeclared", case(SMALL), 0, "forward")
+    assert result.passed is False
+    assert result.detail.endswith('it passes as pre-norm; declare norm_modes = ("pre",) on the class'), \
+        result.detail
+    assert "declare norm_modes" not in forward(f"{LIBRARY}:SwappedNorms", case(), 0, "forward").detail
+
+
+# --- float32, trained extra parameters ---------------------------------------------------------------
+
+
+def test_a_model_whose_only_departures_are_float32_casts_passes_with_each_source_named():
+    spec = f"{LIBRARY}:Float32"
+    result = forward(spec, case(), 0, "forward")
+    assert result.passed and result.precision, result.detail
+    assert f"Float32's buffer pe holds float32 values (a table computed in float32, then cast up), at " \
+           f"tests/fixtures/outside/library.py:{line_of('positions = self.pe[: ids.shape[1]]')} in embed" \
+        in result.detail, result.detail
+    assert f"Float32's softmax runs in float32 (a cast before it), at tests/fixtures/outside/library.py:" \
+           f"{line_of('low = scores.float()')} in softmax" in result.detail, result.detail
+    steps = lockstep(spec, REFERENCE, PRE, 0)
+    assert steps.passed and steps.precision and steps.max_abs > FLOAT64.atol, steps
+    assert "softmax runs in float32" in steps.detail
+
+
+def test_a_trained_extra_parameter_is_named_when_the_adam_steps_part():
+    spec = f"{LIBRARY}:TrainedScale"
+    assert forward(spec, case(), 0, "forward").passed
+    assert gradients(spec, REFERENCE, PRE, 0).passed
+    assert lockstep(spec, REFERENCE, PRE, 0).passed is False
+    extras, sources = trained_extras(spec, PRE)
+    assert [extra.partition(" ")[0] for extra in extras] == ["pos_scale"] and sources == []
+    assert trained_extras(f"{LIBRARY}:Mapped", PRE) == ([], [])
+
+
+# --- end to end: the first thing printed after the table ------------------------------------------
+
+
+FIRST_SAID = {  # fixture -> the start of the first line the checker prints after its table
+    "ScaledSinusoids": "explained: two departures together at the embeddings",
+    "SwappedNorms": "explained: encoder.layers.0.norm1 holds encoder.layers.0.norm2's gain and shift",
+    "PaddedZeros": "  forward float64 pre-norm S=7 T=5: hint: only the 3 padded target positions",
+    "MaskedRowZeros": "  fully masked source row pre-norm vs explicit: hint: only batch row 1, whose source",
+    "Undeclared": "  forward float64 post-norm S=7 T=5: hint: built for post-norm, the model agrees with the "
+                  "reference in pre-norm",
+    "TrainedScale": "  the model trains parameters the reference does not have (extra_parameters): pos_scale",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FIRST_SAID)
+def test_the_first_thing_printed_names_the_true_cause(name, capsys):
+    assert main([f"{LIBRARY}:{name}", "--layers", "1"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    table_end = max(k for k, line in enumerate(lines) if line.startswith(("bad inputs", "post-norm: every")))
+    said = [line for line in lines[table_end + 1:] if line.strip() and not line.startswith(
+        ("  post-norm: every check", "  gradients", "where ", "point ", "---", "why ", "first divergence"))
+        and not re.match(r"(src|tgt)_embed |encoder\.|decoder\.|generator ", line)]
+    assert said[0].startswith(FIRST_SAID[name]), said[:3]
+
+
+@pytest.mark.slow
+def test_the_float32_model_passes_every_check_end_to_end(capsys):
+    assert main([f"{LIBRARY}:Float32", "--layers", "1"]) == 0
+    assert re.search(r"every check passes; \d+ of them within float32 rounding only", capsys.readouterr().out)
