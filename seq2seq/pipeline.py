@@ -150,26 +150,29 @@ class _OutOfMinutesError(Exception):
 
 
 def train_translation(trainer: Trainer, settings: TranslationSettings,
-                      on_step: Callable[[StepReport], None] | None = None) -> list[float]:
+                      on_step: Callable[[StepReport], None] | None = None,
+                      clock: Callable[[], float] = time.perf_counter) -> list[float]:
     """Train up to ``settings.steps`` steps in all, or until ``settings.minutes`` of training
     have passed (the first step ending past it is the last); returns each step's loss.
 
-    The minutes count training time since this call: time spent inside ``on_step`` (validation,
-    checkpoints) is not counted, and the reports ``on_step`` gets count their seconds alike.
-    Under several processes they all stop at the same step (rank 0's clock decides).
+    The minutes count training time since this call, read on ``clock`` (seconds): time spent
+    inside ``on_step`` (validation, checkpoints) is not counted, and the reports ``on_step``
+    gets count their seconds alike. Under several processes they all stop at the same step
+    (rank 0's clock decides).
     """
     losses: list[float] = []
-    outside = 0.0  # seconds spent in on_step
+    start, outside = clock(), 0.0  # outside: seconds spent in on_step
 
     def step(report: StepReport) -> None:
         nonlocal outside
         losses.append(report.loss)
+        training = clock() - start - outside
         if on_step is not None:
-            entered = time.perf_counter()
-            on_step(dataclasses.replace(report, seconds=report.seconds - outside))
-            outside += time.perf_counter() - entered
+            entered = clock()
+            on_step(dataclasses.replace(report, seconds=training))
+            outside += clock() - entered
         if settings.minutes is not None:
-            over = torch.tensor([float(report.seconds - outside >= settings.minutes * 60)])
+            over = torch.tensor([float(training >= settings.minutes * 60)])
             if trainer.world.size > 1:  # rank 0's decision, on the device the group talks on
                 over = over.to(trainer.device) * float(trainer.world.is_main)
             if float(distributed.sum_over_ranks(over, trainer.world)) > 0:

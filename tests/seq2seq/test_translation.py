@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import time
 import unicodedata
 import zipfile
 
@@ -270,19 +269,28 @@ def test_a_run_stops_at_its_steps_or_its_minutes(sample_corpus, corpus, vocabula
 
 
 def test_time_spent_in_on_step_is_neither_budget_nor_reported(sample_corpus, corpus, vocabulary):
-    """A validation that takes a while (here 0.3 s after each step) counts against neither the
-    minutes nor the seconds the next reports give: they are training time."""
+    """On a clock of the test's own: each batch takes 0.2 s of training, each validation 30 s.
+    A budget of 0.5 s ends at the first step past it (the third, at 0.6 s), and the reports
+    count training time alone; were the validations counted, the first step would end it."""
     trainer = tiny_trainer(sample_corpus, corpus, vocabulary)
+    now = [100.0]  # any start: only differences count
+    batches = trainer.batches
+
+    def timed_batches():
+        while True:
+            now[0] += 0.2
+            yield next(batches)
+
+    trainer.batches = timed_batches()
     reports = []
 
     def slow_validation(report):
         reports.append(report)
-        time.sleep(0.3)
+        now[0] += 30.0
 
-    # 0.5 s of training would be over after the second step if the sleeps counted
-    train_translation(trainer, TINY.replace(minutes=0.5 / 60), on_step=slow_validation)
-    assert len(reports) == 4  # all TINY's steps: tiny steps take far less than 0.5 s together
-    assert reports[-1].seconds < 0.3
+    train_translation(trainer, TINY.replace(minutes=0.5 / 60), on_step=slow_validation, clock=lambda: now[0])
+    assert [report.step for report in reports] == [1, 2, 3]  # TINY has 4 steps; the budget ended it
+    assert [report.seconds for report in reports] == pytest.approx([0.2, 0.4, 0.6])
 
 
 def test_a_checkpointed_translation_run_resumes_exactly(sample_corpus, corpus, vocabulary):

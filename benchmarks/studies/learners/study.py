@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -191,9 +192,11 @@ class _CountedBatches:
 
 
 def train_learner(variant: str, data: LearnerData, settings: LearnersSettings, steps: int | None = None,
-                  on_step: Callable[[StepReport], None] | None = None) -> tuple[nn.Module, Learning]:
+                  on_step: Callable[[StepReport], None] | None = None,
+                  clock: Callable[[], float] = time.perf_counter) -> tuple[nn.Module, Learning]:
     """Train row ``variant`` from the seed: up to ``steps`` steps (None: the settings' steps or
-    minutes, whichever ends first); returns the trained model, in train mode, and its record.
+    minutes, whichever ends first, the minutes read on ``clock``); returns the trained model, in
+    train mode, and its record.
 
     Seeds torch's global generator for dropout (``seed_dropout``) inside ``torch.random.fork_rng``,
     so the caller's generator state is as it was.
@@ -214,7 +217,7 @@ def train_learner(variant: str, data: LearnerData, settings: LearnersSettings, s
         batches = _CountedBatches(TokenBatches(data.train, data.stream))
         trainer = Trainer(model, batches, run.recipe())
         seed_dropout(settings.seed)
-        losses = train_translation(trainer, run, on_step=record)
+        losses = train_translation(trainer, run, on_step=record, clock=clock)
     return model, Learning(variant, tuple(losses), tuple(seconds), batches.target_tokens)
 
 
