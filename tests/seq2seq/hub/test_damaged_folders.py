@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from seq2seq import convert as command
+from seq2seq.hub.from_hf import convert, hf_library
 
 MARIAN, FSMT = "marian-relu-two", "fsmt-tied"  # the two families (one with two vocabularies, one tied)
 PROG = "python -m seq2seq.convert: error: "
@@ -327,3 +328,49 @@ def test_the_command_s_own_stderr_is_one_line(copy_of, tmp_path):
     assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(PROG) and "config.json" in result.stderr
     assert hashes(folder) == before and not (tmp_path / "model.pt").exists()
+
+
+def test_a_tensor_transformers_changes_on_load_is_refused(tiny_named, monkeypatch):
+    """The converter reads transformers' model only once it holds exactly the file's tensors."""
+    cls = hf_library().FSMTForConditionalGeneration
+    original = cls.from_pretrained
+
+    def loads_another_value(*args, **kwargs):
+        model = original(*args, **kwargs)
+        with torch.no_grad():
+            model.model.encoder.layers[0].fc1.bias.add_(1)
+        return model
+
+    monkeypatch.setattr(cls, "from_pretrained", loads_another_value)
+    with pytest.raises(ValueError, match=r"model.safetensors: transformers loaded model.encoder.layers.0."
+                                         r"fc1.bias other than the file holds it"):
+        convert(tiny_named(FSMT).folder)
+
+
+def test_a_hub_name_is_read_from_the_folder_huggingface_hub_fetches(tiny_named, monkeypatch, tmp_path, capfd):
+    """A hub name: its files, fetched by huggingface_hub, are checked like a folder's, and a fetch
+    that fails is one line naming the hub name (no network here: the fetch is stood in for)."""
+    import huggingface_hub
+
+    folder = tiny_named(MARIAN).folder
+    fetched = []
+
+    def fetch(name, allow_patterns):
+        fetched.append((name, allow_patterns))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fetch)
+    record = convert("Helsinki-NLP/opus-mt-tiny")
+    assert record.settings["hub"]["source"] == "Helsinki-NLP/opus-mt-tiny"
+    assert fetched[0][0] == "Helsinki-NLP/opus-mt-tiny" and "model.safetensors*" in fetched[0][1]
+    capfd.readouterr()  # transformers' loading bars, until the command turns them off
+    code, err = refusal(capfd, ["Helsinki-NLP/opus-mt-tiny", "--output", str(folder / "model.pt")])
+    assert code == 1 and "is inside the input" in err and err.count("\n") == 1, err
+
+    def offline(name, allow_patterns):
+        raise OSError("We have no connection\nor a second line")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    code, err = refusal(capfd, ["Helsinki-NLP/opus-mt-tiny", "--output", str(tmp_path / "model.pt")])
+    assert code == 1 and err.count("\n") == 1, err
+    assert "Helsinki-NLP/opus-mt-tiny: cannot fetch it from the Hugging Face hub (OSError: We have no" in err
