@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> None:
         save(average_files(chosen), args.output)
     except (OSError, ValueError) as error:  # a file unreadable, unusable, or not writable after all
         raise SystemExit(f"python -m seq2seq.average: error: {one_line(error)}") from None
-    print(f"averaged {len(chosen)} checkpoints ({', '.join(path.name for path in chosen)}) "
-          f"into {args.output}")
+    names = ", ".join(path.name for path in chosen)
+    print(f"averaged {len(chosen)} checkpoint{'' if len(chosen) == 1 else 's'} ({names}) into {args.output}")
 
 
 if __name__ == "__main__":

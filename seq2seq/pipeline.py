@@ -40,6 +40,7 @@ from typing import NamedTuple, TextIO
 
 import torch
 from torch import Tensor, nn
+from tqdm import tqdm
 
 from common.checks import check_int, check_number
 from common.cli import one_line
@@ -322,6 +323,29 @@ def evaluate(model: nn.Module, vocabulary: Vocabulary, examples: Sequence[Exampl
 # --- the run of python -m seq2seq.train --task translate -----------------------------------
 
 
+def budget_words(minutes: float | None) -> str:
+    """What the run's first line says of its time budget: "" without one."""
+    if not minutes:
+        return ""
+    return (f" (at most {minutes:g} minute{'' if minutes == 1 else 's'} of training; the test split's "
+            "scoring, greedy and beam 4, follows outside it)")
+
+
+def score_test_split(model: nn.Module, vocabulary: Vocabulary, examples: Sequence[Example],
+                     normalization: str, progress: TextIO | None,
+                     beam_sizes: Sequence[int] = (1, 4)) -> dict[int, Scores]:
+    """``evaluate`` of the test split, each beam size a phase of its own bar on ``progress``
+    (None: no bar): after training, outside its minutes, so a run shows what it is doing."""
+    scores = {}
+    with tqdm(total=len(examples) * len(beam_sizes), unit="sentence", file=progress, disable=progress is None,
+              leave=False) as bar:
+        for size in beam_sizes:
+            bar.set_description(f"scoring the test split, {'greedy' if size == 1 else f'beam {size}'}")
+            scores |= evaluate(model, vocabulary, examples, beam_sizes=(size,), normalization=normalization)
+            bar.update(len(examples))
+    return scores
+
+
 def run_translation(run: RunSettings, settings: TranslationSettings, corpus_settings: CorpusSettings,
                     config: TransformerConfig, *, world: World = SINGLE, device: torch.device | None = None,
                     progress: TextIO | None = None, note: Callable[[str], None] | None = None) -> list[str]:
@@ -378,7 +402,7 @@ def run_translation(run: RunSettings, settings: TranslationSettings, corpus_sett
 
     # 3. the model, fresh or resumed, and the run with validation
     trainer = start(run, batches, config, settings.recipe(), world=world, device=device, newest=newest)
-    limit = f" (at most {settings.minutes:g} minutes)" if settings.minutes else ""
+    limit = budget_words(settings.minutes)
     remark(header(run, trainer, f"translate {Path(corpus_settings.path).name}, {len(corpus.train):,} train / "
                                 f"{len(corpus.valid):,} valid / {len(corpus.test):,} test English sentences, "
                                 f"{vocabulary.size} subwords, {settings.steps} steps{limit} of "
@@ -403,7 +427,7 @@ def run_translation(run: RunSettings, settings: TranslationSettings, corpus_sett
     # 4. the report: the test split, greedy and beam 4
     if not world.is_main:
         return []
-    scores = evaluate(trainer.model, vocabulary, corpus.test, normalization=normalization)
+    scores = score_test_split(trainer.model, vocabulary, corpus.test, normalization, progress)
     references = sum(len(example.references) for example in corpus.test)
     return [loss_line(losses, seconds, trainer.step),
             f"test split: {len(corpus.test):,} English sentences of at most {corpus_settings.max_words} "

@@ -226,3 +226,24 @@ def test_standard_input_lines_end_in_lf_crlf_or_cr(loaded_stub, monkeypatch, cap
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
     translate.main(["model.pt", "--beam", "1"])
     assert loaded_stub == lines
+
+
+def test_the_first_line_says_the_minutes_bound_training_and_scoring_follows():
+    assert pipeline.budget_words(None) == ""
+    assert pipeline.budget_words(1.0).startswith(" (at most 1 minute of training; the test split's scoring")
+    assert "at most 30 minutes of training" in pipeline.budget_words(30)
+    assert "at most 0.5 minutes" in pipeline.budget_words(0.5)
+
+
+def test_the_test_split_is_scored_under_a_bar_of_its_own(monkeypatch):
+    """Greedy, then beam 4, each a phase the bar names; the scores are evaluate's."""
+    asked = []
+    monkeypatch.setattr(pipeline, "evaluate", lambda model, vocabulary, examples, beam_sizes, normalization:
+                        asked.append(beam_sizes) or {beam_sizes[0]: f"scores of {beam_sizes[0]}"})
+    stream = io.StringIO()
+    examples = ["a", "b", "c"]
+    scores = pipeline.score_test_split(None, None, examples, "NFKC", stream)
+    assert scores == {1: "scores of 1", 4: "scores of 4"} and asked == [(1,), (4,)]
+    shown = stream.getvalue()
+    assert "scoring the test split, greedy" in shown and "scoring the test split, beam 4" in shown
+    assert pipeline.score_test_split(None, None, examples, "NFKC", None) == scores  # no bar, same scores
