@@ -21,13 +21,15 @@ deployment, with the commands users type at the top.
                   ctranslate (the exporters and their runtimes as decode rows)
     hub/          checkpoints trained elsewhere (Hugging Face's Marian and FSMT): families (config
                   and weight map), from_hf (a Hugging Face folder to a model file), tokenizers
-                  (carried in the model file), tiny (the proofs' tiny checkpoints)
+                  (carried in the model file), to_hf (a model file to a MarianMTModel folder),
+                  tiny (the proofs' tiny checkpoints)
 
     train         python -m seq2seq.train (synthetic tasks, or --task translate)
     translate     python -m seq2seq.translate (translate and score with a model file)
     average       python -m seq2seq.average (average a run's last checkpoints)
     decode        python -m seq2seq.decode (a saved model's held-out accuracy)
     convert       python -m seq2seq.convert (a Hugging Face model to a model file)
+    export_hf     python -m seq2seq.export_hf (a model file to a Hugging Face MarianMTModel folder)
 
 A command is named for what a user does (train, translate, average, decode, convert), a library for what
 it holds (training/, pipeline, averaging, search/), so that no two names can be taken for one.
