@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.docs.pages import PAGES, page_id
+from tests.docs.pages import DOCS_PAGES, PAGES, page_id
 
 # A tracker reference ("issue 17", "Issue 5's targets") means nothing to a reader of the page.
 ISSUE_NUMBER = re.compile(r"issue [0-9]", flags=re.I)
@@ -27,3 +27,28 @@ def test_no_page_cites_issue_numbers(page):
             for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1)
             if ISSUE_NUMBER.search(line)]
     assert not hits, f"{page_id(page)} cites tracker issues:\n" + "\n".join(hits)
+
+
+# The reference pages of docs/ (not the generated side-by-side page, nor the dated runs of
+# docs/results/): each short enough to read at once, together a reference, not a log.
+PAGE_LIMIT = 15_000  # bytes
+REFERENCE_LIMIT = 120_000  # bytes, all reference pages together
+GENERATED = {"side-by-side.md"}
+
+
+def reference_sizes() -> dict[str, int]:
+    return {page.name: len(page.read_bytes()) for page in DOCS_PAGES if page.name not in GENERATED}
+
+
+def test_each_reference_page_is_within_its_budget():
+    over = {name: size for name, size in reference_sizes().items() if size > PAGE_LIMIT}
+    assert not over, f"docs pages over {PAGE_LIMIT:,} bytes (move dated numbers to docs/results/): {over}"
+
+
+def test_the_reference_pages_together_are_within_their_budget():
+    sizes = reference_sizes()
+    assert len(sizes) >= 10, f"found only {sorted(sizes)}"
+    total = sum(sizes.values())
+    assert total <= REFERENCE_LIMIT, (
+        f"docs reference pages hold {total:,} bytes, over {REFERENCE_LIMIT:,}: "
+        + ", ".join(f"{name} {size:,}" for name, size in sorted(sizes.items(), key=lambda item: -item[1])))
