@@ -39,6 +39,7 @@ TRANSLATE = "translate"
 TASK_DEFAULTS: dict[str, object] = {
     "steps": 300, "warmup": 100, "lr_factor": 1.0, "label_smoothing": 0.1, "vocab": 13, "d_model": 64,
     "heads": 4, "layers": 2, "d_ff": 128, "dropout": 0.0, "norm_first": False, "share_embeddings": False,
+    "final_norm": True, "norm_eps": 1e-6,
 }
 # options only the synthetic tasks read, and only translation reads, with their defaults: one
 # given to the other kind of run is a usage error, not silently ignored
@@ -122,6 +123,11 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dropout", type=float, help=_default("dropout"))
     parser.add_argument("--norm-first", action="store_true", default=None,
                         help=_default("norm_first", "pre-norm instead of post-norm"))
+    parser.add_argument("--final-norm", action=argparse.BooleanOptionalAction, help=_default(
+        "final_norm", "a LayerNorm after each stack, as torch.nn.Transformer; --no-final-norm: none, as "
+        "the paper's post-norm model and Marian (python -m seq2seq.export_hf needs it)"))
+    parser.add_argument("--norm-eps", type=float, help=_default(
+        "norm_eps", "LayerNorm's eps (Marian's, for python -m seq2seq.export_hf: 1e-5)"))
     parser.add_argument("--share-embeddings", action=argparse.BooleanOptionalAction, help=_default(
         "share_embeddings", "one matrix for both embeddings and the generator (paper section 3.4)"))
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction,
@@ -254,7 +260,8 @@ def _task_settings(options: argparse.Namespace) -> dict[str, object]:
                 d_model=options.d_model, n_heads=options.heads, n_layers=options.layers, d_ff=options.d_ff,
                 dropout=options.dropout, src_vocab_size=options.vocab, tgt_vocab_size=options.vocab,
                 max_seq_len=options.max_len + 2, norm_first=options.norm_first, pad_id=PAD_ID,
-                share_embeddings=options.share_embeddings,
+                share_embeddings=options.share_embeddings, final_norm=options.final_norm,
+                norm_eps=options.norm_eps,
             ))  # the longest target is BOS, max_len tokens, EOS
     except TypeError as error:
         raise ValueError(str(error)) from error

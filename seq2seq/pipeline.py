@@ -83,6 +83,10 @@ class TranslationSettings:
     d_ff: int = 1024
     dropout: float = 0.1
     norm_first: bool = False  # pre-norm instead of the paper's post-norm
+    # a LayerNorm after each stack, as torch.nn.Transformer has; False: none, as the paper's
+    # post-norm model and Marian (python -m seq2seq.export_hf needs False)
+    final_norm: bool = True
+    norm_eps: float = 1e-6  # LayerNorm's eps (Marian's, for export: 1e-5)
     share_embeddings: bool = True  # one matrix for both embeddings and the generator
     max_seq_len: int = 256  # positions, BOS and EOS included: the longest sentence it can read or write
     batch_tokens: int = 4096  # source + target positions per step, padding included
@@ -115,7 +119,7 @@ class TranslationSettings:
             d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers, d_ff=self.d_ff,
             dropout=self.dropout, src_vocab_size=self.vocabulary_size, tgt_vocab_size=self.vocabulary_size,
             max_seq_len=self.max_seq_len, norm_first=self.norm_first, pad_id=PAD_ID,
-            share_embeddings=self.share_embeddings)
+            share_embeddings=self.share_embeddings, final_norm=self.final_norm, norm_eps=self.norm_eps)
 
     def replace(self, **changes: object) -> TranslationSettings:
         return dataclasses.replace(self, **changes)

@@ -233,3 +233,34 @@ def test_a_damaged_or_refused_model_file_is_one_line_and_exit_1(tmp_path, capsys
     assert message.startswith("python -m seq2seq.export_hf: error:") and "\n" not in message
     assert str(path) in message or "final_norm=True" in message
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_model_trained_here_takes_the_road(tmp_path, capsys):
+    """python -m seq2seq.train --no-final-norm --norm-eps 1e-5 trains a model the export takes
+    (here a few steps of a synthetic task), and transformers computes its forward; the
+    translation preset's defaults (final norms, eps 1e-6) are refused by those two fields."""
+    from common.cli import Parser
+    from seq2seq import train
+    from seq2seq.options import add_options, settings_from_options
+    from seq2seq.storage.model_file import load
+
+    train.main(["--task", "copy", "--steps", "2", "--d-model", "16", "--heads", "2", "--d-ff", "32",
+                "--layers", "1", "--no-final-norm", "--norm-eps", "1e-5",
+                "--checkpoint-dir", str(tmp_path / "run")])
+    checkpoint = sorted((tmp_path / "run").glob("step-*.pt"))[-1]
+    export_hf.main([str(checkpoint), "--output", str(tmp_path / "hf")])
+    record = load(checkpoint)
+    config = record.config
+    src, tgt = batch(config)
+    model = build_model(record, "explicit").double().eval()
+    with torch.no_grad():
+        ours = model(src, tgt, padding_mask(src, config.pad_id), decoder_mask(tgt, config.pad_id))
+        logits = hf_float64(tmp_path / "hf")(input_ids=src, attention_mask=(src != config.pad_id).long(),
+                                             decoder_input_ids=tgt).logits
+    assert (ours - logits.log_softmax(dim=-1)).abs().max().item() <= TOLERANCE
+    parser = Parser(prog="python -m seq2seq.train")
+    add_options(parser)
+    (tmp_path / "fra.txt").write_text("Hi.\tSalut.\tCC-BY\n", encoding="utf-8")
+    options = parser.parse_args(["--task", "translate", "--data", str(tmp_path / "fra.txt")])
+    preset = settings_from_options(options)
+    assert [problem.split("=")[0] for problem in export_problems(preset.config)] == ["final_norm", "norm_eps"]
