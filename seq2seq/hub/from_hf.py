@@ -5,8 +5,11 @@ canonical names, the config read as a ``TransformerConfig``, and the tokenizer c
     save(record, "opus-mt-en-de.pt")                   # seq2seq.storage.model_file
     # python -m seq2seq.translate opus-mt-en-de.pt "Hello." --variant mathfirst
 
-transformers (the optional ``hf`` extra) reads the checkpoint, whatever files it is stored in;
-nothing here runs its model. ``convert`` checks the whole map before it returns: every canonical
+Every file of the folder is read and checked first (``seq2seq.hub.hf_folder``: a damaged or
+mismatched file is one ``FileError`` naming it, and the weights file holds exactly the tensors
+its config implies); only then does transformers (the optional ``hf`` extra) build its model,
+which must hold the file's tensors unchanged; nothing here runs it. ``convert`` checks the whole
+map before it returns: every canonical
 weight comes from one Hugging Face tensor of the expected shape (``canonical_shapes``), and every
 Hugging Face tensor goes somewhere or is one the family does not carry (the sinusoid tables,
 which ``TransformerConfig.positions`` recomputes, and which are checked against it). Problems

@@ -25,7 +25,8 @@ What is checked, in this order:
 - the tokenizer's files: ``tokenizer_config.json`` (its settings) and the family's own
   (Marian: ``source.spm``, ``target.spm``, ``vocab.json``, ``target_vocab.json`` where the
   vocabularies are separate; fairseq: ``merges.txt``, ``vocab-src.json``, ``vocab-tgt.json``),
-  each present, non-empty and of its kind, the vocabularies holding the special pieces.
+  each present, non-empty and of its kind, the vocabularies holding the special pieces; and
+  ``special_tokens_map.json`` and ``added_tokens.json`` where present.
 - ``generation_config.json``: a JSON object whose ``bad_words_ids`` (if any) is a list of lists
   of ids. Where the folder has none, the settings are those transformers derives from
   ``config.json`` (``GenerationConfig.from_model_config``), and ``generation_source`` says so.
@@ -60,6 +61,7 @@ WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.b
 # pieces its vocabularies must hold
 TOKENIZER_FILES = {"marian": ("source.spm", "target.spm", "vocab.json"),
                    "fairseq": ("merges.txt", "vocab-src.json", "vocab-tgt.json")}
+OPTIONAL_TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json")
 SPECIAL_PIECES = {"marian": ("<unk>", "<pad>", "</s>"), "fairseq": ("<s>", "<pad>", "</s>", "<unk>")}
 MOST_PROBLEMS = 4  # named in a refusal; the rest counted
 
@@ -314,6 +316,9 @@ def _check_tokenizer_files(folder: Path, family: Family) -> None:
         raise FileError(settings_path, f"no such file, nor {', '.join(names[1:])}: the folder was saved "
                                        "without its tokenizer (tokenizer.save_pretrained writes them)")
     settings = read_json(settings_path, dict, "a tokenizer's settings")
+    for name in OPTIONAL_TOKENIZER_FILES:  # read by transformers' tokenizer where present
+        if (folder / name).exists():
+            read_json(folder / name, dict, "a tokenizer's settings")
     if family.name == "marian":
         for name in ("source.spm", "target.spm"):
             _check_sentencepiece(folder / name)

@@ -200,6 +200,8 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Path], str], tuple[str, ...]]]
     "saved without its tokenizer": (BOTH, without_tokenizer, ("no such file", "tokenizer")),
     "tokenizer_config.json missing": (BOTH, delete("tokenizer_config.json"), ("no such file",)),
     "tokenizer_config.json truncated": (BOTH, truncate("tokenizer_config.json"), ("not JSON",)),
+    "special_tokens_map.json truncated": (BOTH, write("special_tokens_map.json", '{"unk_token": "<u'),
+                                          ("not JSON",)),
     "source.spm missing": ((MARIAN,), delete("source.spm"), ("no such file",)),
     "target.spm missing": ((MARIAN,), delete("target.spm"), ("no such file",)),
     "target.spm zero bytes": ((MARIAN,), empty("target.spm"), ("is empty",)),
