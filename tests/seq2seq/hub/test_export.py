@@ -264,3 +264,21 @@ def test_a_model_trained_here_takes_the_road(tmp_path, capsys):
     options = parser.parse_args(["--task", "translate", "--data", str(tmp_path / "fra.txt")])
     preset = settings_from_options(options)
     assert [problem.split("=")[0] for problem in export_problems(preset.config)] == ["final_norm", "norm_eps"]
+
+
+def test_a_model_trained_here_gets_a_marian_tokenizer_of_its_own_vocabulary(tmp_path):
+    """The joint sentencepiece vocabulary goes as Marian's tokenizer: transformers' MarianTokenizer
+    gives the project's ids (EOS appended, as a source is written here) and decodes its text."""
+    from seq2seq.data.subwords import VocabularySettings, train_vocabulary
+
+    vocabulary = train_vocabulary(iter((tiny.SOURCE_SENTENCES + tiny.TARGET_SENTENCES) * 3),
+                                  VocabularySettings(60, "bpe"))
+    config = CONFIGS["paper-tied"].replace(src_vocab_size=vocabulary.source_size,
+                                           tgt_vocab_size=vocabulary.target_size)
+    record = ModelFile("explicit", config, {}, random_canonical(config), vocabulary=vocabulary.to_tensor())
+    export(record, tmp_path / "hf")
+    tokenizer = tiny.hf_library().MarianTokenizer.from_pretrained(tmp_path / "hf")
+    texts = ["The cat sees the house.", "Wo ist der Bahnhof?"]
+    assert tokenizer(texts)["input_ids"] == [[*ids, EOS_ID] for ids in vocabulary.encode(texts)]
+    rows = [[BOS_ID, *ids, EOS_ID, config.pad_id] for ids in vocabulary.encode(texts)]
+    assert tokenizer.batch_decode(rows, skip_special_tokens=True) == texts
