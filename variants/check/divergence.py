@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +93,8 @@ class Float32Watch(TorchDispatchMode):
         place = model_frame(frames)
         own = [frame for frame in frames if place.endswith(f":{frame.lineno} in {frame.name}")]
         line = own[-1].line or "" if own else ""
-        if what.startswith("computation casts") and "softmax" in line:
-            what = f"softmax runs in {what.rpartition(' ')[2]} (a cast before it)"
+        if what.startswith("computation casts") and re.search(r"softmax|scores|attn|logits", line):
+            what = f"attention softmax runs in {what.rpartition(' ')[2]} (a cast before it)"
         text = what + (f", at {place}" if place else "")
         if text not in self.sources:
             self.sources.append(text)

@@ -160,11 +160,11 @@ def test_a_model_whose_only_departures_are_float32_casts_passes_with_each_source
     assert f"Float32's buffer pe holds float32 values (a table computed in float32, then cast up), at " \
            f"tests/fixtures/outside/library.py:{line_of('positions = self.pe[: ids.shape[1]]')} in embed" \
         in result.detail, result.detail
-    assert f"Float32's softmax runs in float32 (a cast before it), at tests/fixtures/outside/library.py:" \
-           f"{line_of('low = scores.float()')} in softmax" in result.detail, result.detail
+    assert "Float32's attention softmax runs in float32 (a cast before it), at tests/fixtures/outside/" \
+           f"library.py:{line_of('low = scores.float()')} in softmax" in result.detail, result.detail
     steps = lockstep(spec, REFERENCE, PRE, 0)
     assert steps.passed and steps.precision and steps.max_abs > FLOAT64.atol, steps
-    assert "softmax runs in float32" in steps.detail
+    assert "attention softmax runs in float32" in steps.detail
 
 
 def test_a_trained_extra_parameter_is_named_when_the_adam_steps_part():
