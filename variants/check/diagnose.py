@@ -228,6 +228,12 @@ def padded_point(spec: str, case: Case, seed: int, point: str) -> str:
     what = "zeros" if not held.any() else "one vector at every such position" if same else "other values"
     side = "source" if ids is src else "target"
     agree = (got - want).abs()[~padded].max().item() if (~padded).any() else 0.0
+    empty = padded.all(-1)  # rows of padding only: every attention over them fully masked
+    if empty.any() and not (positions & ~empty[:, None]).any():
+        rows = ", ".join(str(row) for row in torch.nonzero(empty).flatten().tolist())
+        return (f"{point} differs only in batch row {rows}, whose {side} is padding only (every attention "
+                f"over it fully masked), where the model puts {what}; every other row agrees to "
+                f"{number((got - want).abs()[~empty].max().item())}")
     return (f"{point} differs only at padded {side} positions ({int(positions.sum())} of them), where the "
             f"model puts {what}; every real position agrees to {number(agree)}")
 

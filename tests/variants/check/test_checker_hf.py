@@ -65,9 +65,11 @@ def test_with_sdpa_attention_a_source_of_padding_only_is_the_one_difference(caps
     assert [r.check for r in results if r.passed is not True] == [
         "fully masked source row post-norm vs explicit"]
     assert main(["tests.fixtures.outside.hf_marian:Sdpa", *ALIKE]) == 1
-    last = capsys.readouterr().out.rstrip().splitlines()[-1]
-    assert last.startswith("first divergence: encoder.layers.0.self_attn (max |Δ| "), last
-    assert last.endswith("); no point before it is probed"), last
+    located, last = capsys.readouterr().out.rstrip().splitlines()[-2:]
+    assert located.startswith("first divergence: encoder.layers.0.self_attn (max |Δ| "), located
+    assert located.endswith("); no point before it is probed"), located
+    assert last.startswith("encoder.layers.0.self_attn differs only in batch row 1, whose source is padding "
+                           "only (every attention over it fully masked), where the model puts "), last
 
 
 @pytest.mark.parametrize("final_norm", [True, False])
