@@ -40,7 +40,7 @@ from common.files import FileError
 from common.positions import position_table
 from common.weights import TIED, Param, canonical_shapes, match_patterns
 from seq2seq.hub.families import FAMILIES, NORM_EPS, ZEROS, Family
-from seq2seq.hub.hf_folder import WEIGHTS, CheckedFolder, read_folder
+from seq2seq.hub.hf_folder import WEIGHTS, CheckedFolder, hf_library, read_folder
 from seq2seq.hub.tokenizers import FairseqTokenizer, MarianTokenizer, tokenizer_from_record
 from seq2seq.storage.model_file import ModelFile
 
@@ -50,16 +50,6 @@ from seq2seq.storage.model_file import ModelFile
 POSITIONS_TOLERANCE = 1e-3
 # what a hub name downloads: every file a checkpoint folder needs but the weights of other libraries
 HUB_FILES = ["*.json", "*.spm", "merges.txt", "model.safetensors*"]
-
-
-def hf_library():
-    """The transformers module, or an ImportError naming the extra that installs it."""
-    try:
-        import transformers
-    except ImportError as error:
-        raise ImportError('converting a Hugging Face model needs transformers: '
-                          'pip install -e ".[hf]"') from error
-    return transformers
 
 
 def local_folder(name: str | os.PathLike) -> Path:

@@ -84,7 +84,7 @@ class CheckedFolder:
 def read_folder(folder: str | Path) -> CheckedFolder:
     """The checkpoint in ``folder``, every file read and checked (a ``FileError`` names the first
     file that is damaged or disagrees)."""
-    transformers = _transformers()
+    transformers = hf_library()
     folder = Path(folder)
     config_path = folder / "config.json"
     raw = read_json(config_path, dict, "a Hugging Face config")
@@ -113,10 +113,14 @@ def read_folder(folder: str | Path) -> CheckedFolder:
     return CheckedFolder(folder, family, hf_config, weights_file, tensors, generation, source)
 
 
-def _transformers():
-    from seq2seq.hub.from_hf import hf_library  # the ImportError that names the extra
-
-    return hf_library()
+def hf_library():
+    """The transformers module, or an ImportError naming the extra that installs it."""
+    try:
+        import transformers
+    except ImportError as error:
+        raise ImportError('converting a Hugging Face model needs transformers: '
+                          'pip install -e ".[hf]"') from error
+    return transformers
 
 
 # --- config.json ----------------------------------------------------------------------------
@@ -180,7 +184,7 @@ def _expected_state(path: Path, config: object, family: Family) -> tuple[dict[st
                                                                         dict[str, str]]:
     """The Hugging Face model ``config`` describes, built on the meta device: its state's names
     and shapes, and each tied name -> the first name of its group."""
-    cls = getattr(_transformers(), family.architecture)
+    cls = getattr(hf_library(), family.architecture)
     try:
         with torch.device("meta"):
             model = cls(config)
@@ -352,7 +356,7 @@ def _check_sentencepiece(path: Path) -> None:
 def _read_generation(folder: Path, config: object) -> tuple[object, str | None]:
     """The checkpoint's generation settings and, where the folder has no generation_config.json,
     what stood in for it."""
-    transformers = _transformers()
+    transformers = hf_library()
     path = folder / "generation_config.json"
     if not path.exists():
         return (transformers.GenerationConfig.from_model_config(config),
