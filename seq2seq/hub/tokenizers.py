@@ -30,7 +30,6 @@ tokenizer does.
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -40,6 +39,7 @@ import torch
 from torch import Tensor
 
 from common.checks import check_int
+from common.files import read_bytes, read_json, read_text
 
 KINDS = ("marian", "fairseq")
 LANGUAGE_CODE = re.compile(r">>.+?<<")  # a multilingual opus-mt model's target tag, e.g. >>fr<<
@@ -69,8 +69,7 @@ def _bytes_tensor(data: bytes) -> Tensor:
 
 
 def _read_json(path: Path) -> dict[str, int]:
-    with open(path, encoding="utf-8") as file:
-        return json.load(file)
+    return read_json(path, dict, "a vocabulary (piece -> id)")
 
 
 def clean_up_spaces(text: str) -> str:
@@ -147,7 +146,7 @@ class MarianTokenizer(_Tokenizer):
     def from_folder(cls, folder: str | Path, clean_up: bool = False) -> MarianTokenizer:
         folder = Path(folder)
         target = folder / "target_vocab.json"
-        return cls((folder / "source.spm").read_bytes(), (folder / "target.spm").read_bytes(),
+        return cls(read_bytes(folder / "source.spm"), read_bytes(folder / "target.spm"),
                    _read_json(folder / "vocab.json"), _read_json(target) if target.is_file() else None,
                    clean_up=clean_up)
 
@@ -206,7 +205,7 @@ class FairseqTokenizer(_Tokenizer):
     def from_folder(cls, folder: str | Path, languages: Sequence[str], *, lower_case: bool = False,
                     clean_up: bool = False) -> FairseqTokenizer:
         folder = Path(folder)
-        lines = (folder / "merges.txt").read_text(encoding="utf-8").split("\n")[:-1]
+        lines = read_text(folder / "merges.txt").split("\n")[:-1]
         merges = [tuple(line.split()[:2]) for line in lines]
         return cls(languages[0], languages[1], merges, _read_json(folder / "vocab-src.json"),
                    _read_json(folder / "vocab-tgt.json"), lower_case=lower_case, clean_up=clean_up)
