@@ -279,7 +279,7 @@ def lockstep(spec: str, against: str, config: TransformerConfig, seed: int) -> R
         return result
     low = adam_losses(pair(spec, against, config, seed)[1].float(), config, seed, zeroed)
     rounding = (low.double() - expected).abs().max().item()
-    sources = "; ".join(watch.sources) or "float32 on its path"
+    sources = "; the model's ".join(watch.sources) or "float32 on its path"
     if result.max_abs <= ROUNDING_FACTOR * rounding:
         return dataclasses.replace(result, passed=True, precision=True, detail=(
             f"float32 rounding only: the losses differ by {delta_text(result.max_abs)}, within "

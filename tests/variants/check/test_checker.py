@@ -227,10 +227,10 @@ def test_compare_times_an_outside_spec_and_compares_it_with_the_reference():
 
 
 def test_the_finder_lines_in_the_docs_are_what_the_finder_prints():
-    """docs/check.md quotes the finder on every bug fixture (its table of deviations): the point and
-    its largest |Δ| as printed now (what agrees to rounding is only bounded: its last digits vary
+    """docs/results/check-deviations.md quotes the finder on every bug fixture (its table): the point
+    and its largest |Δ| as printed now (what agrees to rounding is only bounded: its last digits vary
     with the BLAS)."""
-    page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").replace("\\|", "|")
+    page = (ROOT / "docs" / "results" / "check-deviations.md").read_text(encoding="utf-8").replace("\\|", "|")
     quoted = re.findall(r"^\| .+? \| `bugs:(\w+)` \| \d \| `(first divergence: [^`]*)` \|$", page, flags=re.M)
     assert sorted(name for name, _ in quoted) == sorted(cls.__name__ for cls in FIRST_DIVERGENCE)
     for name, line in quoted:

@@ -1,7 +1,7 @@
 """``python -m variants.check`` on models in the shapes learners copy, each carrying one deviation
 such models commonly have: checked in the norm modes the class supports, the real bug named
 rather than float32 rounding, failing training checks explained, errors traced to the model's own
-line with a hint, and docs/check.md's table of what the checker prints for each."""
+line with a hint, and docs/results/check-deviations.md's table of what the checker prints for each."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ SMALL = CONFIG.replace(n_layers=1, d_ff=64)  # the component tests' model: one l
 PRE = SMALL.replace(norm_first=True)
 
 # deviation -> (the fixture that carries it, the exit status, a line the checker prints for it);
-# docs/check.md's table lists the same, with the digits of the default config
+# docs/results/check-deviations.md's table lists the same, with the digits of the default config
 DEVIATIONS = {
     'a sinusoid table built in float32': (
         f"{FIXTURES}.sublayers:Float32Table", 0,
@@ -161,6 +161,38 @@ DEVIATIONS = {
         f"{FIXTURES}.tuples:Sinusoids", 1,
         "first divergence: encoder.norm (absent in Sinusoids: compared at encoder.layers.1's output; "
         "max |Δ| 1)"),
+    'norms registered in another order than the layer calls them, no maps': (
+        f"{FIXTURES}.library:Checked", 0,
+        "maps: inferred from Checked's modules"),
+    "a map that sends each norm to the other's module": (
+        f"{FIXTURES}.library:SwappedNorms", 1,
+        "explained: encoder.layers.0.norm1 holds encoder.layers.0.norm2's gain and shift"),
+    'a map that exchanges W_q and W_k': (
+        f"{FIXTURES}.library:SwappedQueryKey", 1,
+        'explained: W_q and W_k exchanged'),
+    'E[ids] not scaled, the sinusoids times a learned d_model^-1/2': (
+        f"{FIXTURES}.library:ScaledSinusoids", 1,
+        'explained: two departures together at the embeddings: the embeddings not scaled by √d_model = √32; '
+        'and the positions scaled by 1/√d_model = 0.177'),
+    'eps 1e-5 and no shift in one LayerNorm': (
+        f"{FIXTURES}.library:EpsNoShift", 1,
+        "explained: two departures together in the LayerNorm: eps 1e-05 (nn.LayerNorm's default) where the "
+        "reference's is 1e-06, and no shift (bias)"),
+    "each attention's output zero at padded queries": (
+        f"{FIXTURES}.library:PaddedZeros", 1,
+        'hint: only the 3 padded target positions (tgt == pad_id 0) differ'),
+    "a fully masked row's attention weights all zero": (
+        f"{FIXTURES}.library:MaskedRowZeros", 1,
+        'hint: only batch row 1, whose source is padding only, differs'),
+    'pre-norm whatever the config says, undeclared': (
+        f"{FIXTURES}.library:Undeclared", 1,
+        'it passes as pre-norm; declare norm_modes = ("pre",) on the class'),
+    "a float32 table and the attention's softmax in float32": (
+        f"{FIXTURES}.library:Float32", 0,
+        "Float32's attention softmax runs in float32 (a cast before it)"),
+    'a learned scalar on the sinusoids, initialised to 1': (
+        f"{FIXTURES}.library:TrainedScale", 1,
+        'the model trains parameters the reference does not have (extra_parameters): pos_scale'),
 }
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
 
@@ -395,8 +427,9 @@ def test_each_deviation_end_to_end(deviation, capsys):
 
 
 def test_the_docs_table_of_deviations_is_the_fixtures():
-    """docs/check.md lists every deviation here: the fixture, the exit status and the line."""
-    page = (ROOT / "docs" / "check.md").read_text(encoding="utf-8").replace("\\|", "|")
+    """docs/results/check-deviations.md lists every deviation here: the fixture, the exit status and
+    the line."""
+    page = (ROOT / "docs" / "results" / "check-deviations.md").read_text(encoding="utf-8").replace("\\|", "|")
     rows = re.findall(r"^\| (.+?) \| `(\S+:\w+(?: --[\w-]+(?: [a-z]+)?)*)` \| (\d) \| `([^`]+)` \|$", page,
                       flags=re.M)
     assert {deviation: (f"{FIXTURES}.{spec}", int(status), says) for deviation, spec, status, says in rows} \
