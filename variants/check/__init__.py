@@ -16,8 +16,11 @@ variant: the registry loads ``outside`` (and what it uses) only when an outside 
     divergence   the divergence finder over ``common.probes``' points: ``compare_points``,
                  ``PointDifference``, ``first_divergence``, ``precision_notes``, ``Float32Watch``,
                  ``ROUNDING_FACTOR``
-    explain      why the first divergence: the classic departures recomputed there, the one that
+    explain      why the first divergence: the departures recomputed there, the closest that
                  fits named with its evidence (``explain``, ``Explanation``)
+    departures   the single classic departures, each sublayer recomputed under each (``RECOMPUTE``)
+    combined     beyond them: a wrong map (another module's weights in a slot) and two departures
+                 together (``wrong_maps``, ``pairs``)
     outside      an outside class: ``import_class``, ``requirements``, ``build_outside``,
                  ``inferred`` maps, ``protocol``, ``check_signatures``
     adapter      an outside class behind the shared interface: ``interfaced`` (absent weights,

@@ -23,6 +23,11 @@ reference: that departure is named, with the two distances as its evidence. The 
   own ``extra_parameters``), a LayerNorm before the first layer;
 - generator: logits or probabilities for log-probabilities, the bias left out.
 
+Then a wrong map (``variants.check.combined``): another norm's weights in a norm's slot, W_q and
+W_k exchanged, self- and cross-attention exchanged, the heads permuted; where no single departure
+fits, two together (LayerNorm pairs; the embeddings' and the positions' scales fitted). Of
+several that fit, the closest is named. The recomputations are ``variants.check.departures``.
+
 A float32 table or parameter is not a departure of structure: the finder's precision note names
 it (``variants.check.divergence``). Swapped decoder masks are found where they break the model
 (``variants.check.battery``).

@@ -4,24 +4,26 @@ inferred when it is built (``variants.check.outside``).
 
 What is read, and nothing else: module types and shapes (``nn.Embedding``, ``nn.Linear``, a
 LayerNorm: ``nn.LayerNorm`` or a module holding two 1-D tensors of width d_model), registration
-order, and one forward pass in eval mode (which module's output is each stack's first input).
+order, and one forward pass in eval mode (which module's output is each stack's first input, the
+order modules are called in); tensors are compared NaN-safe, so uninitialised memory reads alike.
 The layers are the ``n_layers`` elements of a ``ModuleList``/``Sequential``; a layer holding one
 attention is the encoder's, two the decoder's. An attention is four ``Linear(d_model, d_model)``
-under one module, taken as W_q, W_k, W_v, W_o in registration order (the order every common
-tutorial registers them in), or per-head layers: a list of H modules each holding a query, key
-and value ``Linear(d_model, d_model / H)`` (or three lists of H such linears) and one
-``Linear(d_model, d_model)`` output, whose weights a ``{h}`` in the target sends to row blocks;
-the feed-forward is the ``Linear(d_model, d_ff)`` and ``Linear(d_ff, d_model)`` of a layer (the
-decoder's ``decoder_ff_dim`` wide); the layer's LayerNorms are norm1, norm2 (, norm3) in
-registration order; the final norm is the LayerNorm (outside every layer) that takes the last
-layer's output (none: declared absent). Layer lists named otherwise than encoder/decoder
-(``enc_blocks``, ``dec_blocks``) give ``stack_names``, so one pattern serves both stacks. A
-module that returns a tuple (a layer's ``(output, attention)``) is probed at its item 0. Each
-point is probed where its canonical value is computed: an
-attention at its W_o, the feed-forward at its second linear, a norm at its module, so a
-sublayer that returns ``norm(x + dropout(W_o ...))`` is still probed right. The embedding points
-are the first layer's input. What cannot be placed is listed, not guessed; a module the draft
-cannot read is passed over, never a traceback.
+under one module, taken as W_q, W_k, W_v, W_o in registration order (the order every common tutorial
+registers them in), or per-head layers: a list of H modules each holding a query, key and value
+``Linear(d_model, d_model / H)`` (or three lists of H such linears) and one ``Linear(d_model,
+d_model)`` output, whose weights a ``{h}`` in the target sends to row blocks; the feed-forward is
+the ``Linear(d_model, d_ff)`` and ``Linear(d_ff, d_model)`` of a layer (the decoder's
+``decoder_ff_dim`` wide); the layer's LayerNorms are norm1, norm2 (, norm3) in the order the forward
+pass calls them (a feed-forward may register its own norm first and call it last), in registration
+order with a note where the pass did not reach them; the final norm is the LayerNorm (outside every
+layer) that takes the last layer's output (none: declared absent). Layer lists named otherwise than
+encoder/decoder (``enc_blocks``, ``dec_blocks``) give ``stack_names``, so one pattern serves both
+stacks. A module that returns a tuple (a layer's ``(output, attention)``) is probed at its item 0.
+Each point is probed where its canonical value is computed: an attention at its W_o, the feed-
+forward at its second linear, a norm at its module, so a sublayer that returns ``norm(x +
+dropout(W_o ...))`` is still probed right. The embedding points are the first layer's input. What
+cannot be placed is listed, not guessed; a module the draft cannot read is passed over, never a
+traceback; what the draft could not decide is a note.
 """
 
 from __future__ import annotations
