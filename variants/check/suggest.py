@@ -19,8 +19,8 @@ order with a note where the pass did not reach them; the final norm is the Layer
 layer) that takes the last layer's output (none: declared absent). Layer lists named otherwise than
 encoder/decoder (``enc_blocks``, ``dec_blocks``) give ``stack_names``, so one pattern serves both
 stacks. A module that returns a tuple (a layer's ``(output, attention)``) is probed at its item 0.
-Each point is probed where its canonical value is computed: an attention at its W_o, the feed-
-forward at its second linear, a norm at its module, so a sublayer that returns ``norm(x +
+Each point is probed where its canonical value is computed: an attention at its W_o, the
+feed-forward at its second linear, a norm at its module, so a sublayer that returns ``norm(x +
 dropout(W_o ...))`` is still probed right. The embedding points are the first layer's input. What
 cannot be placed is listed, not guessed; a module the draft cannot read is passed over, never a
 traceback; what the draft could not decide is a note.
