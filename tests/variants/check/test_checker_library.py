@@ -91,13 +91,15 @@ def test_a_point_the_draft_cannot_place_is_flagged_not_left_out_silently():
                           "shift: a weight map that sends encoder.layers.0.norm1 to encoder.layers.0.norm2's "
                           "module"),
     ("SwappedQueryKey", PRE, "explained: W_q and W_k exchanged"),
+    ("ReversedHeads", PRE, "explained: the heads of W_q, W_k and W_v in reverse order against W_o's columns"),
     ("ScaledSinusoids", PRE, "explained: two departures together at the embeddings: the embeddings not "
                              "scaled by √d_model = √32; and the positions scaled by 1/√d_model = 0.177 (the "
                              "value the model's own pos_scale holds) (together the reference's embeddings "
                              "times 0.177)"),
     ("FairseqPositions", PRE, "explained: the positions counted from 2 (fairseq's padding_idx + 1), not 0;"),
     ("SiluNoBias", PRE.replace(activation="silu"), "explained: the first linear's bias left out;"),
-], ids=["norms swapped", "W_q/W_k swapped", "two at the embeddings", "fairseq offset", "silu"])
+], ids=["norms swapped", "W_q/W_k swapped", "heads reversed", "two at the embeddings", "fairseq offset",
+        "silu"])
 def test_the_departure_is_named(name, config, says):
     assert why(name, config).startswith(says), why(name, config)
 
