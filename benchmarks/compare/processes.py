@@ -9,20 +9,32 @@ here runs ``benchmarks.compare.run.run`` on the same settings (its rounds' order
 writes its report as JSON, and the reports are pooled: every row's rounds concatenated with
 the index of the process that timed them, so that each ratio's interval resamples processes
 and then rounds (``benchmarks.compare.ratios``), and its times are the median of the processes'.
+
+Progress: each process runs without a bar of its own and writes ``PHASE_DONE`` on a line of
+its stderr as each phase of its run ends; the parent, which knows every process's phases in
+advance (``benchmarks.compare.run.total_phases``), moves one bar over them all. The report, on
+stdout, is read beside stderr, so that a large one cannot stall the process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import pickle
+import signal
 import statistics
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
+from typing import IO
+
+from tqdm import tqdm
 
 from benchmarks.compare.report import add_ratios
-from benchmarks.compare.run import run
+from benchmarks.compare.run import run, total_phases
 from benchmarks.compare.settings import Settings
 
 # a row's fields that are one process's measurements: pooled as the median over processes
@@ -30,23 +42,83 @@ MEASURED_SUFFIXES = ("_ms", "_iqr_ms", "_tokens_per_s", "_gflops", "_pct_peak", 
                      "_page_faults_per_step")
 
 
-def run_processes(settings: Settings) -> dict:
+# how run_processes starts a process: the interpreter's arguments after its own path
+WORKER = ("-m", "benchmarks.compare.processes")
+# the line a process writes to its stderr as each phase of its run ends (its other lines are its own)
+PHASE_DONE = "benchmarks.compare.processes: phase done"
+
+
+def run_processes(settings: Settings, progress: Callable[..., tqdm] = tqdm) -> dict:
     """``settings`` measured in ``settings.processes`` fresh interpreters, one after another;
     the pooled report. Peak memory and cache bytes, the same in every process, are measured in
-    the first alone (about 4 s a process on the small preset). A process that fails raises
-    RuntimeError with its last line of stderr."""
+    the first alone (about 4 s a process on the small preset). One bar, made by ``progress``
+    (tqdm's arguments) and shown unless ``settings.show_progress`` is off, counts every
+    process's phases and is gone when they end. A process that fails raises RuntimeError with
+    its last line of stderr (``failure``)."""
+    each = [settings_of(settings, index) for index in range(settings.processes)]
     reports = []
-    processes = settings.processes
-    for index in range(processes):
-        settings_of_one = dataclasses.replace(settings, order_seed=index, processes=1, show_progress=False,
-                                              measure_memory=settings.measure_memory and index == 0)
-        done = subprocess.run([sys.executable, "-m", "benchmarks.compare.processes"],
-                              input=pickle.dumps(settings_of_one), capture_output=True, check=False)
-        if done.returncode != 0:
-            last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no message"])[-1]
-            raise RuntimeError(f"process {index + 1} of {processes} failed: {last}")
-        reports.append(json.loads(done.stdout))
+    with progress(total=sum(total_phases(one) for one in each), disable=not settings.show_progress,
+                  unit="phase", leave=False, dynamic_ncols=True) as bar:
+        for index, one in enumerate(each):
+            bar.set_description_str(f"process {index + 1} of {len(each)}")
+            returncode, out, last = run_one(one, bar)
+            if returncode != 0:
+                raise RuntimeError(f"process {index + 1} of {len(each)} failed: {failure(returncode, last)}")
+            reports.append(json.loads(out))
     return pool(reports)
+
+
+def settings_of(settings: Settings, index: int) -> Settings:
+    """What process ``index`` of ``run_processes`` runs: one process, its rounds' orders seeded by
+    its index, no bar of its own, memory measured in the first alone."""
+    return dataclasses.replace(settings, order_seed=index, processes=1, show_progress=False,
+                               measure_memory=settings.measure_memory and index == 0)
+
+
+def run_one(settings: Settings, bar: tqdm) -> tuple[int, bytes, str]:
+    """One fresh process running ``settings``: each ``PHASE_DONE`` line of its stderr counted on
+    ``bar`` while its stdout is read apart; its exit status, stdout, and last other line of stderr
+    ("" if none)."""
+    with subprocess.Popen([sys.executable, *WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as child:
+        out: list[bytes] = []
+        feeding = threading.Thread(target=feed_and_read, daemon=True,
+                                   args=(child.stdin, pickle.dumps(settings), child.stdout, out))
+        feeding.start()
+        last = ""
+        try:
+            for raw in child.stderr:
+                line = raw.decode(errors="replace").rstrip()
+                if line == PHASE_DONE:
+                    bar.update()
+                elif line:
+                    last = line
+            feeding.join()
+            returncode = child.wait()
+        except BaseException:  # the parent interrupted: the child does not outlive it
+            child.kill()
+            raise
+    return returncode, b"".join(out), last
+
+
+def feed_and_read(stdin: IO[bytes], data: bytes, stdout: IO[bytes], out: list[bytes]) -> None:
+    """Hand a process its settings, then read its stdout to the end into ``out``."""
+    with contextlib.suppress(BrokenPipeError):  # it ended before reading them: its stderr and
+        stdin.write(data)  # exit status tell why
+    with contextlib.suppress(BrokenPipeError):
+        stdin.close()
+    out.append(stdout.read())
+
+
+def failure(returncode: int, last: str) -> str:
+    """Why a process failed, in one line: its last line of stderr, and the signal that killed it."""
+    if returncode >= 0:
+        return last or f"no message, exit status {returncode}"
+    try:
+        killed = f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        killed = f"killed by signal {-returncode}"
+    return f"{killed}; last line on stderr: {last}" if last else killed
 
 
 def pool(reports: list[dict]) -> dict:
@@ -114,10 +186,17 @@ def pool_row(rows: list[dict], offsets: list[int]) -> dict:
 
 
 def main() -> int:
-    """One process of ``run_processes``: pickled settings on stdin, the JSON report on stdout."""
+    """One process of ``run_processes``: pickled settings on stdin, the JSON report on stdout,
+    a ``PHASE_DONE`` line on stderr as each phase ends."""
     settings = pickle.load(sys.stdin.buffer)
-    sys.stdout.write(json.dumps(run(settings)))
+    sys.stdout.write(json.dumps(run(settings, on_phase=phase_done)))
     return 0
+
+
+def phase_done() -> None:
+    """Tell the parent that a phase has ended."""
+    sys.stderr.write(PHASE_DONE + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -78,13 +78,17 @@ class Block:
                f"T={self.shape.tgt_len}"
 
 
-def run(settings: Settings) -> dict:
-    """Measure every (device, dtype, shape) block of ``settings``; return the report."""
+def run(settings: Settings, on_phase: Callable[[], None] | None = None) -> dict:
+    """Measure every (device, dtype, shape) block of ``settings``; return the report.
+    ``on_phase``, if given, is called as each phase the progress bar counts ends (whether or not
+    the bar is shown): how a process of ``run_processes`` tells its parent."""
     deadline = perf_counter() + settings.max_seconds  # --resolution's cap on adding rounds
     plan = list(itertools.product(settings.devices, settings.dtypes, settings.shapes))
     with configured_process(settings) as allocator, \
-            tqdm(total=sum(block_phases(settings, device, dtype_name) for device, dtype_name, _ in plan),
-                 disable=not settings.show_progress, unit="phase", dynamic_ncols=True) as bar:
+            tqdm(total=total_phases(settings), disable=not settings.show_progress, unit="phase",
+                 dynamic_ncols=True) as bar:
+        if on_phase is not None:
+            tell_each_phase(bar, on_phase)
         started = read_sample()  # others' use of the cores across the run, against the one before
         blocks = [run_block(settings, device, dtype_name, shape, bar, deadline)
                   for device, dtype_name, shape in plan]
@@ -92,14 +96,35 @@ def run(settings: Settings) -> dict:
     return {"meta": meta(settings, allocator, cores), "blocks": blocks}
 
 
+def tell_each_phase(bar: tqdm, on_phase: Callable[[], None]) -> None:
+    """Make ``bar`` call ``on_phase`` for each phase it counts, shown or not (a disabled tqdm
+    counts nothing itself)."""
+    count = bar.update
+
+    def update(n: float | None = 1) -> bool | None:
+        for _ in range(int(n or 0)):
+            on_phase()
+        return count(n)
+
+    bar.update = update
+
+
+def total_phases(settings: Settings) -> int:
+    """How many phases ``run(settings)`` counts on its progress bar, all blocks together
+    (``--resolution``'s further rounds excepted: they are added as they start)."""
+    return sum(block_phases(settings, device, dtype_name)
+               for device, dtype_name, _ in itertools.product(settings.devices, settings.dtypes,
+                                                               settings.shapes))
+
+
 def block_phases(settings: Settings, device: str, dtype_name: str) -> int:
     """How many phases ``run_block`` counts on the progress bar for one block: the log-prob
     check, a warm-up per timed row (the control's too), the engines' export where they join,
     every mode of every round (``--resolution`` adds its further rounds as they start), the peak
-    memory."""
+    memory where it is measured."""
     timed = len(settings.variants) + int(settings.control and REFERENCE in settings.variants)
     exports = int(engines_join(settings, device, dtype_name))
-    return 1 + timed + exports + settings.rounds * len(settings.modes) + 1
+    return 1 + timed + exports + settings.rounds * len(settings.modes) + int(settings.measure_memory)
 
 
 def engines_join(settings: Settings, device: str, dtype_name: str) -> bool:
