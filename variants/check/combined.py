@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common.config import TransformerConfig
+from common.weights import canonical_shapes, match_patterns
 from variants.check.departures import EPS_NAMES, EPS_TRIED, RECOMPUTE, norm_input, position_tables
 
 Tried = list[tuple[str, Tensor | None]]
@@ -32,8 +33,10 @@ BOTH = ("weight", "bias")
 
 
 def wrong_maps(kind: str, point: str, values: dict[str, Tensor], weights: dict[str, Tensor],
-               config: TransformerConfig, inputs: tuple[Tensor, ...]) -> Tried:
-    """``point`` recomputed as the reference would with another module's weights in its slot."""
+               config: TransformerConfig, inputs: tuple[Tensor, ...], model: nn.Module | None = None,
+               ) -> Tried:
+    """``point`` recomputed as the reference would with another module's weights in its slot; where
+    ``model``'s weight map says which of its parameters each slot takes, the exchanged targets."""
     def with_weights(changed: dict[str, Tensor]) -> Tensor:
         return RECOMPUTE[kind](point, values, {**weights, **changed}, config, inputs)[0][1]
 
@@ -43,13 +46,14 @@ def wrong_maps(kind: str, point: str, values: dict[str, Tensor], weights: dict[s
                              if re.search(r"\.norm\d?\.weight$", name)} - {point}):
             tried.append((f"{point} holds {other}'s gain and shift: a weight map that sends {point} to "
                           f"{other}'s module (norms drafted in registration order, not the order the layer "
-                          f"calls them?)",
+                          f"calls them?){exchange(model, f'{point}.weight', f'{other}.weight', config)}",
                           with_weights({f"{point}.{k}": weights[f"{other}.{k}"] for k in BOTH})))
     elif kind == "attention":
         exchanged = {f"{point}.{a}.{k}": weights[f"{point}.{b}.{k}"] for a, b in (("wq", "wk"), ("wk", "wq"))
                      for k in BOTH}
         tried.append(("W_q and W_k exchanged: a weight map that sends wq to the keys' linear and wk to the "
-                      "queries'", with_weights(exchanged)))
+                      "queries'" + exchange(model, f"{point}.wq.weight", f"{point}.wk.weight", config),
+                      with_weights(exchanged)))
         if point.startswith("decoder."):
             layer, _, own = point.rpartition(".")
             other = f"{layer}.{'cross_attn' if own == 'self_attn' else 'self_attn'}"
@@ -65,6 +69,24 @@ def wrong_maps(kind: str, point: str, values: dict[str, Tensor], weights: dict[s
                           with_weights({f"{point}.{p}.{k}": weights[f"{point}.{p}.{k}"][order]
                                         for p in ("wq", "wk", "wv") for k in BOTH})))
     return tried
+
+
+def exchange(model: nn.Module | None, first: str, second: str, config: TransformerConfig) -> str:
+    """The map that fits, where ``model``'s weight map names the parameters ``first`` and
+    ``second`` (canonical names) take: each sent to the other's target; "" where it cannot say."""
+    table = getattr(type(model), "weight_map", None) if model is not None else None
+    if not isinstance(table, dict):
+        return ""
+    matched, _ = match_patterns(table, canonical_shapes(config))
+    targets = []
+    for name in (first, second):
+        target, fields = matched.get(name, (None, {}))
+        text = target if isinstance(target, str) else getattr(target, "name", None)
+        if not text:
+            return ""
+        targets.append(text.format(**fields))
+    return (f"; the map that fits sends {first} to {targets[1]!r} and {second} to {targets[0]!r} "
+            f"(their biases alike)")
 
 
 def pairs(kind: str, point: str, values: dict[str, Tensor], weights: dict[str, Tensor],

@@ -101,7 +101,7 @@ def explain(subject: nn.Module, reference: nn.Module, inputs: tuple[Tensor, ...]
         tried = RECOMPUTE[kind](first.point, model, weights, config, inputs)[1:]
         if kind == "embed":
             tried += learned_positions(subject, first.point, weights, inputs)
-        tried += wrong_maps(kind, first.point, model, weights, config, inputs)
+        tried += wrong_maps(kind, first.point, model, weights, config, inputs, subject)
         fits = fitting(tried)
         if not fits:  # no single departure: two together
             together = pairs(kind, first.point, model, weights, config, inputs, subject)

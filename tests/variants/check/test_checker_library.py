@@ -104,6 +104,16 @@ def test_the_departure_is_named(name, config, says):
     assert why(name, config).startswith(says), why(name, config)
 
 
+def test_a_wrong_map_is_named_with_the_map_that_fits():
+    """The explanation names the model's own parameters each slot should take."""
+    assert "; the map that fits sends encoder.layers.0.norm1.weight to " \
+        "'encoder.transformer.0.layer_norm.weight' and encoder.layers.0.norm2.weight to " \
+        "'encoder.transformer.0.feed_forward.layer_norm.weight'" \
+        in why("SwappedNorms")
+    assert "; the map that fits sends encoder.layers.0.self_attn.wq.weight to " \
+        "'encoder.transformer.0.self_attn.linear_query.weight'" in why("SwappedQueryKey")
+
+
 def test_of_several_fitting_departures_the_closest_is_named():
     """eps 0 in float64: eps 1e-12, tried before it, fits within the tolerance too; the closest,
     the model's own, is named."""
