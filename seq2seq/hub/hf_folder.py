@@ -34,9 +34,10 @@ What is checked, in this order:
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +97,9 @@ def read_folder(folder: str | Path) -> CheckedFolder:
                                      + " and ".join(f"{key} ({cls})" for key, cls in MODEL_TYPES.items()))
     family = FAMILIES[MODEL_TYPES[model_type]]
     _check_raw_sizes(config_path, raw, family)
-    with reading(config_path, "a Hugging Face config"):
+    # transformers only warns of what _check_config refuses in one line (an id outside its
+    # vocabulary): its warning held back, the refusal is the one line the command prints
+    with reading(config_path, "a Hugging Face config"), _warnings_held(transformers):
         hf_config = transformers.AutoConfig.from_pretrained(folder)
     _check_config(config_path, hf_config, family)
     expected, twins = _expected_state(config_path, hf_config, family)
@@ -121,6 +124,17 @@ def hf_library():
         raise ImportError('converting a Hugging Face model needs transformers: '
                           'pip install -e ".[hf]"') from error
     return transformers
+
+
+@contextlib.contextmanager
+def _warnings_held(transformers) -> Iterator[None]:
+    """transformers' log at errors only while entered (its verbosity restored after)."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers.logging.set_verbosity(verbosity)
 
 
 # --- config.json ----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -23,8 +24,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.files import FileError
 from seq2seq import convert as command
 from seq2seq.hub.from_hf import convert, hf_library
+from seq2seq.hub.hf_folder import read_folder
 
 MARIAN, FSMT = "marian-relu-two", "fsmt-tied"  # the two families (one with two vocabularies, one tied)
 PROG = "python -m seq2seq.convert: error: "
@@ -330,6 +333,27 @@ def test_the_command_s_own_stderr_is_one_line(copy_of, tmp_path):
     assert result.stdout == "" and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(PROG) and "config.json" in result.stderr
     assert hashes(folder) == before and not (tmp_path / "model.pt").exists()
+
+
+@pytest.mark.parametrize("field", ["pad_token_id", "eos_token_id"])
+def test_transformers_warns_nothing_before_the_one_line_refusal(copy_of, field):
+    """transformers warns of a special id outside the vocabulary while it reads config.json
+    (once per process: its record of warnings given is cleared first, so the case does not
+    depend on the tests run before it); the converter's one-line refusal says it alone."""
+    folder = copy_of(MARIAN)
+    edit_config(**{field: 1000})(folder)
+    records = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append
+    library = logging.getLogger("transformers")
+    logging.Logger.warning_once.cache_clear()
+    library.addHandler(handler)
+    try:
+        with pytest.raises(FileError, match=rf"config\.json: {field} 1000 is outside the vocabulary"):
+            read_folder(folder)
+    finally:
+        library.removeHandler(handler)
+    assert [record.getMessage() for record in records if record.levelno >= logging.WARNING] == []
 
 
 def test_a_tensor_transformers_changes_on_load_is_refused(tiny_named, monkeypatch):
