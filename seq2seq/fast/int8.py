@@ -11,7 +11,9 @@ and per tensor (dynamic quantization: the whole input's range, zero included, on
 the int8 products in int32, and hands back float32 with the bias added. Everything between the
 linears (attention over the cache, the norms, the softmax) stays float32. Per channel rather
 than per tensor: a row's step follows its own largest weight, and fbgemm runs both at the same
-speed at decode shapes (8 to 128 rows, 512 -> 2048).
+speed at decode shapes (8 to 128 rows, 512 -> 2048). The input's step is the whole call's, so
+a sentence's log-probs depend (slightly) on the others in its batch, and a cached step's on
+which rows are still decoding, where float32's depend on neither.
 
 Why 7-bit inputs (``REDUCE_RANGE``): on a CPU without VNNI (AVX2 alone) fbgemm adds pairs of
 uint8 x int8 products in int16, which full-range inputs overflow; with 7 bits no pair can.
