@@ -200,8 +200,9 @@ def test_a_blank_sentence_gives_a_blank_line_in_its_place(echo, monkeypatch, cap
     out = pipeline.translate_sentences(model, vocabulary, ["Run!", "", "  ", "a bird."])
     assert out == ["Run!", "", "", "a bird."]
     assert model.encoded_rows - before == 2  # the blank ones never reach the model
+    record = ModelFile("explicit", model.config, {}, {}, vocabulary=vocabulary.to_tensor())  # nothing banned
     monkeypatch.setattr(translate, "load_translation_model",
-                        lambda path, variant: TranslationModel(None, vocabulary, model, "NFKC"))
+                        lambda path, variant: TranslationModel(record, vocabulary, model, "NFKC"))
     monkeypatch.setattr("sys.stdin", io.StringIO("Run!\n\nthe cat sees the house.\n"))
     translate.main(["model.pt", "--beam", "1"])
     assert capsys.readouterr().out == "Run!\n\nthe cat sees the house.\n"
