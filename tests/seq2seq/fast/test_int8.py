@@ -204,7 +204,8 @@ def test_the_packing_engine_is_fbgemm_whatever_the_process_chose_and_is_given_ba
     src, tgt = torch.randint(1, 19, (2, 5)), torch.randint(1, 19, (2, 4))
     with torch.no_grad():
         default = with_int8_linears(model)(src, tgt, None, None)
-    other = next(engine for engine in ("onednn", "qnnpack")
+    # qnnpack's kernels differ from fbgemm's well beyond float32 rounding (onednn's to ~1e-6)
+    other = next(engine for engine in ("qnnpack", "onednn")
                  if engine in torch.backends.quantized.supported_engines)
     chosen = torch.backends.quantized.engine
     try:
