@@ -44,8 +44,10 @@ def average_weights(states: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]
 def average_files(paths: Sequence[str | os.PathLike]) -> ModelFile:
     """A model file holding the mean weights of these checkpoints (or model files).
 
-    They must share one config and hold finite weights (one NaN would make every mean it
-    enters NaN); the variant and settings are the last file's.
+    They must share one config, one vocabulary or tokenizer and one set of banned ids (the
+    decoding setting a converted checkpoint carries, ``ModelFile.banned_ids``), and hold finite
+    weights (one NaN would make every mean it enters NaN); the variant and settings are the last
+    file's, the vocabulary, tokenizer and banned ids those they share.
     """
     if not paths:
         raise ValueError("nothing to average: no files given")
@@ -57,13 +59,18 @@ def average_files(paths: Sequence[str | os.PathLike]) -> ModelFile:
                              f"against {last.config}")
         if not _same_vocabulary(record.vocabulary, last.vocabulary):
             raise ValueError(f"{path} has another subword vocabulary than {paths[-1]}")
+        if not _same_record(record.tokenizer, last.tokenizer):
+            raise ValueError(f"{path} carries another tokenizer than {paths[-1]}")
+        if record.banned_ids != last.banned_ids:
+            raise ValueError(f"{path} bans ids {list(record.banned_ids)}, {paths[-1]} bans "
+                             f"{list(last.banned_ids)}: the average carries one set of banned ids")
         not_finite = [name for name, tensor in record.weights.items() if not torch.isfinite(tensor).all()]
         if not_finite:
             raise ValueError(f"{path} holds NaN or inf in {len(not_finite)} weights, first "
                              f"{not_finite[0]}; a mean over it would be NaN or inf too")
     return ModelFile(variant=last.variant, config=last.config, settings=last.settings,
                      weights=average_weights([record.weights for record in records]),
-                     vocabulary=last.vocabulary)
+                     vocabulary=last.vocabulary, tokenizer=last.tokenizer, banned_ids=last.banned_ids)
 
 
 def _same_vocabulary(first: Tensor | None, second: Tensor | None) -> bool:
@@ -71,3 +78,13 @@ def _same_vocabulary(first: Tensor | None, second: Tensor | None) -> bool:
     if first is None or second is None:
         return first is second
     return torch.equal(first, second)
+
+
+def _same_record(first: object, second: object) -> bool:
+    """Whether two stored tokenizers (plain data: mappings, lists, tensors; or None) are the same."""
+    if isinstance(first, Tensor) or isinstance(second, Tensor):
+        return (isinstance(first, Tensor) and isinstance(second, Tensor) and first.dtype == second.dtype
+                and first.shape == second.shape and torch.equal(first, second))
+    if isinstance(first, Mapping) and isinstance(second, Mapping):
+        return first.keys() == second.keys() and all(_same_record(first[key], second[key]) for key in first)
+    return first == second

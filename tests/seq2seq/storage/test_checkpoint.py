@@ -286,6 +286,42 @@ def test_average_refuses_weights_that_do_not_match(tmp_path):
         average_files([*one, *other])
 
 
+TOKENIZER = {"kind": "marian", "source_spm": torch.arange(4, dtype=torch.uint8), "source_vocab": {"<pad>": 0},
+             "target_vocab": None, "clean_up": False}  # a stored tokenizer's form: tensors, mappings, values
+ONE_BAN = "the average carries one set of banned ids"
+
+
+def test_average_carries_the_ban_and_the_tokenizer_and_refuses_files_that_differ(tmp_path):
+    """A converted checkpoint's banned ids and tokenizer go into the average (a lost ban would
+    let translate generate the padding id); files that disagree on either are refused by path."""
+    def model_file(name, seed, banned=(0, 5), tokenizer=TOKENIZER):
+        weights = export_weights(build("explicit", CONFIG, seed=seed))
+        return save(ModelFile("explicit", CONFIG, {}, weights, tokenizer=tokenizer, banned_ids=banned),
+                    tmp_path / name)
+
+    first, second = model_file("a.pt", 0), model_file("b.pt", 1)
+    averaged = load(save(average_files([first, second]), tmp_path / "average.pt"))
+    assert averaged.banned_ids == (0, 5)
+    assert averaged.tokenizer.keys() == TOKENIZER.keys()
+    assert torch.equal(averaged.tokenizer["source_spm"], TOKENIZER["source_spm"])
+    assert {key: value for key, value in averaged.tokenizer.items() if key != "source_spm"} == {
+        key: value for key, value in TOKENIZER.items() if key != "source_spm"}
+    fewer = model_file("c.pt", 2, banned=(5,))
+    with pytest.raises(ValueError) as refused:
+        average_files([first, fewer, second])
+    assert str(refused.value) == f"{fewer} bans ids [5], {second} bans [0, 5]: {ONE_BAN}"
+    with pytest.raises(ValueError) as refused:
+        average_files([first, fewer])
+    assert str(refused.value) == f"{first} bans ids [0, 5], {fewer} bans [5]: {ONE_BAN}"
+    spm = torch.arange(1, 5, dtype=torch.uint8)
+    other = model_file("d.pt", 3, tokenizer={**TOKENIZER, "source_spm": spm})
+    none = model_file("e.pt", 4, tokenizer=None)
+    for paths in ([other, first], [first, other], [none, first], [first, none]):
+        with pytest.raises(ValueError) as refused:
+            average_files(paths)
+        assert str(refused.value) == f"{paths[0]} carries another tokenizer than {paths[1]}"
+
+
 def test_averaged_model_loads_into_any_variant(tmp_path):
     averaged = average_files(saved_run(tmp_path, steps=(1, 2), variant="torch"))
     batch_in = torch.tensor([[5, 6, 7, 0]]), torch.tensor([[1, 7, 6]])
