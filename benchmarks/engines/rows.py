@@ -2,8 +2,10 @@
 CTranslate2's bfloat16 types where its build runs them on this CPU), and for plain PyTorch's fast
 path beside them (``seq2seq.fast.static_search``): "inductor", fused's static step compiled with
 inductor freezing (float32); "onednn", the same step eager with its linears on oneDNN
-(``seq2seq.fast.onednn``), on weights packed in float32 and, as a row of its own, in bfloat16.
-Both take greedy's argmax over the logits. And the implementation people run: "hf-marian",
+(``seq2seq.fast.onednn``), on weights packed in float32 and, as a row of its own, in bfloat16;
+"int8", the same step eager with its linears on int8 weights and int8 products
+(``seq2seq.fast.int8``: fbgemm's dynamic quantization, x86). All three take greedy's argmax over
+the logits. And the implementation people run: "hf-marian",
 Hugging Face's ``MarianMTModel`` holding the same weights (``seq2seq.hub.from_hf.marian_model``;
 a config it can compute, such as ``--preset opus-mt-base``), whose row times the forward
 (logits, then log_softmax) as well as ``generate``'s greedy decoding and beam search (beam 4,
@@ -19,8 +21,9 @@ cached greedy decoding, and "beam", beam search of ``seq2seq.search.beam.BEAM_SI
 are the suite's own greedy_decode and beam_search driving the sessions
 (``seq2seq.deploy.onnx_runtime``), so its beam is the suite's; CTranslate2's beam is its own
 search, with its own length penalty (docs/deployment.md). Exporting is done here, once, before
-any timing; the calls then only decode. int8 is ONNX Runtime's dynamic quantization and
-CTranslate2's ``compute_type="int8"``. CTranslate2 decodes in a process of its own
+any timing; the calls then only decode. int8 is ONNX Runtime's dynamic quantization,
+CTranslate2's ``compute_type="int8"``, and the int8 row's ``seq2seq.fast.int8`` (its engine is
+its precision, so its label is "int8" alone). CTranslate2 decodes in a process of its own
 (``benchmarks.engines.isolated``): in this one, its OpenMP threads would slow every torch row timed after
 it. The fast-path rows hold fused with the same weights; the inductor row's first calls, which
 compile, are its compile time (``EngineRow.compiles``).
@@ -43,6 +46,7 @@ from common.config import TransformerConfig
 from common.random_batch import Batch
 from common.weights import export_weights, transfer
 from seq2seq.data.ids import BOS_ID, timing_eos_id
+from seq2seq.fast.int8 import int8_available, with_int8_linears
 from seq2seq.fast.onednn import packable_dtypes
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
 from seq2seq.hub.from_hf import marian_model, marian_problem
@@ -52,15 +56,18 @@ from variants import build, variant_argument
 if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked for
     from seq2seq.deploy.ctranslate import CTranslate2Model
 
-ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn", "hf-marian")
-FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True)}
+ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn", "int8", "hf-marian")
+# each fast-path row's StaticGreedy/StaticBeam options; the int8 row's decoders step on a copy
+FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True),
+              "int8": {}}
 PRECISIONS = ("float32", "int8", "bfloat16", "int8_bfloat16")
 # the precisions each engine offers; CTranslate2's and oneDNN's are asked of them (``offered``)
-OFFERED = {"onnxruntime": ("float32", "int8"), "inductor": ("float32",), "hf-marian": ("float32",)}
+OFFERED = {"onnxruntime": ("float32", "int8"), "inductor": ("float32",), "int8": ("int8",),
+           "hf-marian": ("float32",)}
 ENGINE_MODES = ("decode", "beam")  # the decode modes an engine row has (no full-recompute decode)
 # the modules each engine needs, and the extra that installs them (pip install -e ".[deploy]")
 ENGINE_MODULES = {"onnxruntime": ("onnx", "onnxscript", "onnxruntime"), "ctranslate2": ("ctranslate2",),
-                  "inductor": (), "onednn": (), "hf-marian": ("transformers",)}
+                  "inductor": (), "onednn": (), "int8": (), "hf-marian": ("transformers",)}
 ENGINE_EXTRAS = {"hf-marian": "hf"}  # the others': deploy
 
 
@@ -79,6 +86,9 @@ def engines_problem(engines: tuple[str, ...], decode_len: int, *, device: str = 
         return None
     if "hf-marian" in engines and config is not None and (problem := marian_problem(config)):
         return f"the hf-marian row: {problem}"
+    if "int8" in engines and not int8_available():
+        return ("the int8 row runs PyTorch's fbgemm quantized engine (x86 CPUs), which this build lacks: "
+                f"it has {', '.join(torch.backends.quantized.supported_engines)}")
     rows = f"the {', '.join(engines)} rows"
     if decode_len == 1:
         return f"{rows} time decoding only: give --decode-len above 1"
@@ -91,7 +101,8 @@ def engines_problem(engines: tuple[str, ...], decode_len: int, *, device: str = 
 def offered(engine: str) -> tuple[str, ...]:
     """The precisions ``engine``'s rows run on this CPU: CTranslate2's those its build runs here
     (``ctranslate2.get_supported_compute_types``), oneDNN's float32 and, where it has bfloat16
-    kernels, bfloat16 (``seq2seq.fast.onednn.packable_dtypes``); the others' fixed."""
+    kernels, bfloat16 (``seq2seq.fast.onednn.packable_dtypes``); the others' fixed (int8's is
+    int8, refused up front where fbgemm is missing: ``engines_problem``)."""
     if engine == "ctranslate2":
         from seq2seq.deploy.ctranslate import supported_compute_types
 
@@ -124,8 +135,9 @@ class EngineRow:
 
     @property
     def label(self) -> str:
-        """The row's name in a table: engine and precision."""
-        return f"{self.engine} {self.precision}"
+        """The row's name in a table: engine and precision, or the engine alone where it is its
+        precision ("int8")."""
+        return self.engine if self.engine == self.precision else f"{self.engine} {self.precision}"
 
 
 @dataclass(frozen=True)
@@ -188,13 +200,13 @@ def engine_rows(
             engine = Isolated(ctranslate.CTranslate2Model, exported, compute_type=precision,
                               threads=settings.threads)
             rows.append(EngineRow("ctranslate2", precision, ctranslate2_steps(engine, batch, max_len)))
-    for engine, levers in FAST_PATHS.items():  # no int8 (docs/deployment.md: why)
+    for engine, levers in FAST_PATHS.items():
         if engine not in settings.engines:
             continue
         for precision in (p for p in settings.precisions if p in offered(engine)):
             weights = dict(onednn_dtype=getattr(torch, precision)) if engine == "onednn" else {}
-            rows.append(EngineRow(engine, precision, fast_path_steps(model, batch, max_len, levers | weights),
-                                  compiles="compile_mode" in levers))
+            steps = fast_path_steps(model, batch, max_len, levers | weights, int8=engine == "int8")
+            rows.append(EngineRow(engine, precision, steps, compiles="compile_mode" in levers))
     if "hf-marian" in settings.engines and "float32" in settings.precisions:
         rows.append(EngineRow("hf-marian", "float32", hf_marian_steps(model, batch, max_len)))
     return rows
@@ -227,14 +239,17 @@ def hf_marian_steps(model: nn.Module, batch: Batch, max_len: int) -> dict[str, C
 
 
 def fast_path_steps(model: nn.Module, batch: Batch, max_len: int,
-                    levers: dict) -> dict[str, Callable[[], Tensor]]:
+                    levers: dict, *, int8: bool = False) -> dict[str, Callable[[], Tensor]]:
     """Greedy decoding and beam search (beam 4, alpha 0.6) on fused's static step under
     ``levers`` (``StaticGreedy``'s options, ``onednn_dtype`` among them), fused holding
-    ``model``'s weights in float32; with a compile mode, each call after the first decodes on the
+    ``model``'s weights in float32, or with ``int8`` its copy on int8 linears
+    (``seq2seq.fast.int8``); with a compile mode, each call after the first decodes on the
     compiled graph."""
     fast = build("fused", model.config)
     transfer(model, fast)
     fast = fast.to(device=batch.src.device, dtype=torch.float32).eval()
+    if int8:
+        fast = with_int8_linears(fast)
     ids = dict(max_len=max_len, bos_id=BOS_ID, eos_id=timing_eos_id(model.config), **levers)
     greedy, beam = StaticGreedy(fast, **ids), StaticBeam(fast, beam_size=BEAM_SIZE, alpha=ALPHA, **ids)
     return {"decode": lambda: greedy(batch.src, batch.src_mask),
