@@ -41,26 +41,19 @@ def wrong_maps(kind: str, point: str, values: dict[str, Tensor], weights: dict[s
         return RECOMPUTE[kind](point, values, {**weights, **changed}, config, inputs)[0][1]
 
     tried: Tried = []
-    if kind == "norm":
-        for other in sorted({name[: -len(".weight")] for name in weights
-                             if re.search(r"\.norm\d?\.weight$", name)} - {point}):
-            tried.append((f"{point} holds {other}'s gain and shift: a weight map that sends {point} to "
-                          f"{other}'s module (norms drafted in registration order, not the order the layer "
-                          f"calls them?){exchange(model, f'{point}.weight', f'{other}.weight', config)}",
-                          with_weights({f"{point}.{k}": weights[f"{other}.{k}"] for k in BOTH})))
-    elif kind == "attention":
-        exchanged = {f"{point}.{a}.{k}": weights[f"{point}.{b}.{k}"] for a, b in (("wq", "wk"), ("wk", "wq"))
-                     for k in BOTH}
-        tried.append(("W_q and W_k exchanged: a weight map that sends wq to the keys' linear and wk to the "
-                      "queries'" + exchange(model, f"{point}.wq.weight", f"{point}.wk.weight", config),
-                      with_weights(exchanged)))
-        if point.startswith("decoder."):
-            layer, _, own = point.rpartition(".")
-            other = f"{layer}.{'cross_attn' if own == 'self_attn' else 'self_attn'}"
-            tried.append((f"{point} holds {other}'s weights: a weight map that exchanges the decoder's "
-                          f"self-attention and cross-attention",
-                          with_weights({f"{point}.{p}.{k}": weights[f"{other}.{p}.{k}"]
-                                        for p in ("wq", "wk", "wv", "wo") for k in BOTH})))
+    for family, slot, other in exchanges(kind, point, weights):
+        if family == "norms":
+            cause = (f"{point} holds {other}'s gain and shift: a weight map that sends {point} to {other}'s "
+                     f"module (norms drafted in registration order, not the order the layer calls them?)"
+                     f"{exchange(model, f'{point}.weight', f'{other}.weight', config)}")
+        elif family == "W_q/W_k":
+            cause = ("W_q and W_k exchanged: a weight map that sends wq to the keys' linear and wk to the "
+                     "queries'" + exchange(model, f"{slot}.weight", f"{other}.weight", config))
+        else:
+            cause = (f"{point} holds {other}'s weights: a weight map that exchanges the decoder's "
+                     f"self-attention and cross-attention")
+        tried.append((cause, with_weights(exchanged(weights, slot, other))))
+    if kind == "attention":
         heads, size = config.n_heads, config.d_model // config.n_heads
         if heads > 1:
             order = torch.arange(config.d_model).view(heads, size).flip(0).flatten()
@@ -69,6 +62,36 @@ def wrong_maps(kind: str, point: str, values: dict[str, Tensor], weights: dict[s
                           with_weights({f"{point}.{p}.{k}": weights[f"{point}.{p}.{k}"][order]
                                         for p in ("wq", "wk", "wv") for k in BOTH})))
     return tried
+
+
+def exchanges(kind: str, point: str, names) -> list[tuple[str, str, str]]:
+    """The slots a wrong map may have exchanged at ``point``, each pair's parameters alike in
+    shape: (family, slot, other slot), ``names`` the canonical names there are. A LayerNorm and
+    every other norm ("norms"); an attention's W_q and W_k ("W_q/W_k"); a decoder layer's
+    self-attention and cross-attention ("self/cross")."""
+    if kind == "norm":
+        norms = {name[: -len(".weight")] for name in names if re.search(r"\.norm\d?\.weight$", name)}
+        return [("norms", point, other) for other in sorted(norms - {point})]
+    if kind != "attention":
+        return []
+    found = [("W_q/W_k", f"{point}.wq", f"{point}.wk")]
+    if point.startswith("decoder."):
+        layer, _, own = point.rpartition(".")
+        found.append(("self/cross", point, f"{layer}.{'cross_attn' if own == 'self_attn' else 'self_attn'}"))
+    return found
+
+
+def exchanged(table: dict, slot: str, other: str) -> dict:
+    """``table`` (canonical names or points -> anything) with what ``slot`` and ``other`` hold
+    exchanged: the entry named by each and every entry under it."""
+    out = dict(table)
+    for name in table:
+        for mine, theirs in ((slot, other), (other, slot)):
+            if name == mine or name.startswith(mine + "."):
+                twin = theirs + name[len(mine):]
+                if twin in table:
+                    out[name] = table[twin]
+    return out
 
 
 def exchange(model: nn.Module | None, first: str, second: str, config: TransformerConfig) -> str:

@@ -71,7 +71,7 @@ def explain(subject: nn.Module, reference: nn.Module, inputs: tuple[Tensor, ...]
     """The departure that explains ``first`` (both models float64, holding the same canonical
     weights, run on ``inputs``), or a line saying what was tried and did not fit."""
     config = subject.config
-    kind = _kind(first.point)
+    kind = kind_of(first.point)
     if kind is None or first.max_abs is None or not math.isfinite(first.max_abs):
         return ""
     model = capture(subject, inputs, stand_ins[0])
@@ -128,7 +128,9 @@ KIND_NAMES = {"attention": "scale, biases, keys and values, masks, softmax axis,
               "generator": "logits, probabilities, bias"}
 
 
-def _kind(point: str) -> str | None:
+def kind_of(point: str) -> str | None:
+    """What a point is: "embed", "attention", "norm", "ff", "generator" (final norms
+    included in "norm"); None for a whole layer's output."""
     if point.endswith("_embed"):
         return "embed"
     if point == "generator":
