@@ -7,7 +7,7 @@ machine it runs on (``python -m benchmarks.studies.NAME``; nothing imports a pro
     compile_masks      where a compiled train step's dropout masks come from, and what it costs
     time_breakdown     where a train step's time goes, per variant: a table and a picture
     low_precision      how far bfloat16 and float16 log-probs stray from float32 (``MEASURED``)
-    bfloat16_decoding  how far decoding on bfloat16 weights agrees with float32 on a test split
+    bfloat16_decoding  how far decoding on bfloat16 or int8 weights agrees with float32 on a test split
     coverage           how often several compare.py runs' intervals hold their pooled ratio (and
                        the control 1)
     scaling/           how each row's time and memory grow with the length, and decoding's with the

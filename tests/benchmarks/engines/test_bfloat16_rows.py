@@ -1,19 +1,23 @@
 """bfloat16 beside float32 in compare.py: the onednn row's bfloat16 twin, CTranslate2's bfloat16
 compute types only where its build runs them, and the warning a table gets when the CPU only
-emulates bfloat16 (native support mocked both ways)."""
+emulates bfloat16 (native support mocked both ways); and the agreement study's rows (onednn
+float32 and bfloat16, int8) against the float32 search."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from benchmarks.compare.render import warning_lines
 from benchmarks.engines import rows as engines
 from benchmarks.engines.rows import EngineSettings, engine_rows
-from benchmarks.studies.bfloat16_decoding import ROWS, SEARCHES, decode_split
+from benchmarks.studies import bfloat16_decoding
+from benchmarks.studies.bfloat16_decoding import ROWS, SEARCHES, decode_split, runnable_rows
 from common.random_batch import random_batch
 from seq2seq.data.corpus import CorpusSettings, load_corpus
-from seq2seq.fast.onednn import packable_dtypes
+from seq2seq.fast.int8 import Int8Linear, int8_available
+from seq2seq.fast.onednn import OneDnnLinear, packable_dtypes
 from seq2seq.pipeline import evaluate, load_translation_model
 from seq2seq.search.greedy import greedy_decode
 from seq2seq.training.run import list_checkpoints
@@ -81,15 +85,17 @@ def test_ctranslate2_is_asked_only_for_compute_types_its_build_runs(monkeypatch,
     assert [row.label for row in rows] == ["ctranslate2 float32"]
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available() or torch.bfloat16 not in packable_dtypes(),
-                    reason="needs oneDNN with bfloat16 kernels (AVX-512)")
 def test_the_agreement_study_scores_each_row_against_the_float32_search(trained_run, sample_corpus):  # noqa: F811
-    """A translation run's model file: six decodings (three rows, greedy and beam 4); the float32
-    search's scores are the translate command's (``evaluate``), and it agrees with itself."""
+    """A translation run's model file: the float32 search and every row this CPU runs (onednn
+    float32, int8; onednn bfloat16 with AVX-512), greedy and beam 4 each; the float32 search's
+    scores are the translate command's (``evaluate``), and it agrees with itself."""
     directory, _, _ = trained_run
     path = list_checkpoints(directory)[-1]
     results, run = decode_split(path)
-    assert [(r.row, r.search) for r in results] == [(row, search) for search in SEARCHES for row in ROWS]
+    rows = (ROWS[0], *runnable_rows())
+    assert "int8" in rows or not int8_available()
+    assert [(r.row, r.search) for r in results] == [(row, search) for search in SEARCHES for row in rows]
+    assert run["rows"] == list(rows)
     _, vocabulary, model, normalization = load_translation_model(path)
     expected = evaluate(model, vocabulary, load_corpus(CorpusSettings(str(sample_corpus.path))).test,
                         normalization=normalization)
@@ -99,6 +105,44 @@ def test_the_agreement_study_scores_each_row_against_the_float32_search(trained_
             assert result.same_as_float32 == 1.0
             assert result.bleu == pytest.approx(expected[SEARCHES[result.search]].bleu)
     assert run["sentences"] == len(load_corpus(CorpusSettings(str(sample_corpus.path))).test)
+
+
+def test_the_agreement_study_decodes_the_rows_asked_and_refuses_one_this_cpu_lacks(monkeypatch, capsys):
+    """``--rows`` picks the rows beside the float32 search, by their names with dashes; a row this
+    CPU cannot run is one line (exit 2) before the model is read."""
+    asked = []
+
+    def decode_split_asked(path, threads, rows):  # nothing decoded: the rows it was asked for
+        asked.append(rows)
+        return [], {"sentences": 0, "threads": 1, "bfloat16_reason": "not asked"}
+
+    monkeypatch.setattr(bfloat16_decoding, "decode_split", decode_split_asked)
+    monkeypatch.setattr(bfloat16_decoding, "packable_dtypes", lambda: (torch.float32,))
+    assert bfloat16_decoding.main(["model.pt", "--rows", "int8", "onednn-float32", "int8"]) == 0
+    assert asked == [("int8", "onednn float32")]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        bfloat16_decoding.main(["model.pt", "--rows", "onednn-bfloat16"])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--rows onednn-bfloat16: oneDNN has no bfloat16 kernels on this CPU" in line
+    assert "onednn bfloat16" not in runnable_rows()
+    with pytest.raises(ValueError, match=r"rows must be among .*, got \['float16'\]"):
+        decode_split("model.pt", rows=("float16",))
+
+
+@pytest.mark.skipif(not int8_available() or not torch.backends.mkldnn.is_available(),
+                    reason="needs fbgemm (x86) and oneDNN")
+def test_each_study_row_decodes_on_its_own_copy():
+    """The int8 row's decoder steps on int8 linears, the onednn float32 row's on oneDNN's, never
+    on the model itself."""
+    model = build("fused", small_config(dropout=0.0), seed=0).eval()
+    ids = dict(max_len=6, bos_id=1, eos_id=2)
+    copies = {row: bfloat16_decoding.fast_decoder(model, row, 1, ids).next_token_logp.model
+              for row in ("int8", "onednn float32")}
+    assert isinstance(copies["int8"].generator, Int8Linear)
+    assert isinstance(copies["onednn float32"].generator, OneDnnLinear)
+    assert isinstance(model.generator, nn.Linear)
 
 
 def test_without_onednn_bfloat16_kernels_the_onednn_row_is_float32_alone(monkeypatch, tmp_path):
