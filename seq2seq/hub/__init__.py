@@ -10,6 +10,7 @@ MarianMTModel (Helsinki-NLP opus-mt) and FSMTForConditionalGeneration (fairseq's
     from_hf     a Hugging Face model (a folder, or a hub name) to a ModelFile: the map checked
                 whole (shapes, every tensor read or known, the sinusoid table), forbidden ids
                 carried as the file's banned_ids (a decoding setting), the tokenizer carried
+                (a folder exported from here: the project's vocabulary back)
     to_hf       the way back: a ModelFile as a MarianMTModel folder (config, safetensors,
                 generation config, tokenizer), the paper's positions by a permutation of the
                 residual coordinates, what Marian cannot compute refused by field

@@ -13,7 +13,7 @@ no LayerNorm after either stack. They differ where ``TransformerConfig`` has a f
 | | Marian (opus-mt) | fairseq (FSMT, WMT19) |
 |---|---|---|
 | ``positions`` | "marian": [sin \\| cos] from 0 | "fairseq": [sin \\| cos] from pad_id + 1 |
-| ``decoder_start`` | "pad": the decoder starts with the padding id | "eos" |
+| ``decoder_start`` | by value: "pad" (opus-mt), "eos", "bos" (this project's BOS id) | "eos" |
 | ``activation`` | "silu" (swish: the base models) or "relu" (tc-big) | "relu" |
 | generator bias | ``final_logits_bias`` | none (zeros here) |
 | vocabularies | one shared (most), or two | two (source, target) |
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from common.config import TransformerConfig
 from common.weights import Param
+from seq2seq.data.ids import BOS_ID
 
 NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which both families' layers use
 # Hugging Face's activation names -> TransformerConfig.activation
@@ -89,18 +90,34 @@ def _common(config: object, family: str) -> tuple[dict[str, object], list[str]]:
                         f"{', '.join(ACTIVATIONS)}")
     if not getattr(config, "scale_embedding", True):
         problems.append("scale_embedding is False: the rows always scale embeddings by sqrt(d_model)")
-    which = {"marian": "pad_token_id", "fairseq": "eos_token_id"}[family]
-    if config.decoder_start_token_id != getattr(config, which):
-        problems.append(f"decoder_start_token_id ({config.decoder_start_token_id}) is not {which}, "
-                        f"as in every {family} checkpoint")
+    start, problem = _decoder_start(config, family)
+    problems += problem
     decoder_ff = config.decoder_ffn_dim
     fields = dict(d_model=config.d_model, n_heads=config.encoder_attention_heads,
                   n_layers=config.encoder_layers, d_ff=config.encoder_ffn_dim,
                   decoder_d_ff=None if decoder_ff == config.encoder_ffn_dim else decoder_ff,
                   dropout=float(config.dropout), max_seq_len=config.max_position_embeddings,
                   norm_eps=NORM_EPS, norm_first=False, pad_id=config.pad_token_id,
-                  activation=activation or "relu", final_norm=False)
+                  activation=activation or "relu", final_norm=False, decoder_start=start)
     return fields, problems
+
+
+def _decoder_start(config: object, family: str) -> tuple[str, list[str]]:
+    """``TransformerConfig.decoder_start`` read by value off ``decoder_start_token_id``, and what
+    it cannot express. fairseq's decoder starts with EOS; a Marian decoder with padding (opus-mt),
+    EOS, or this project's BOS id (a model trained here and exported: seq2seq.data.ids), the
+    first of these the id equals."""
+    start = config.decoder_start_token_id
+    starts = {"pad": ("pad_token_id", config.pad_token_id), "eos": ("eos_token_id", config.eos_token_id),
+              "bos": ("this project's BOS id", BOS_ID)}
+    if family == "fairseq":
+        starts = {"eos": starts["eos"]}
+    for name, (_, value) in starts.items():
+        if start == value:
+            return name, []
+    said = " nor ".join(f"{field} ({value})" for field, value in starts.values())
+    return "eos", [f"decoder_start_token_id ({start}) is neither {said}: TransformerConfig.decoder_start "
+                   f"is {' or '.join(repr(name) for name in starts)} for a {family} checkpoint"]
 
 
 def _config(fields: dict[str, object], problems: list[str], architecture: str) -> TransformerConfig:
@@ -115,7 +132,7 @@ def read_marian_config(config: object, share_embeddings: bool = False) -> Transf
     fields, problems = _common(config, "marian")
     target = config.vocab_size if config.share_encoder_decoder_embeddings else config.decoder_vocab_size
     fields.update(src_vocab_size=config.vocab_size, tgt_vocab_size=target, positions="marian",
-                  decoder_start="pad", share_embeddings=share_embeddings)
+                  share_embeddings=share_embeddings)
     return _config(fields, problems, "MarianMTModel")
 
 
@@ -123,7 +140,7 @@ def read_fsmt_config(config: object, share_embeddings: bool = False) -> Transfor
     """An ``FSMTConfig`` as a TransformerConfig (``share_embeddings`` is the loaded model's)."""
     fields, problems = _common(config, "fairseq")
     fields.update(src_vocab_size=config.src_vocab_size, tgt_vocab_size=config.tgt_vocab_size,
-                  positions="fairseq", decoder_start="eos", share_embeddings=share_embeddings)
+                  positions="fairseq", share_embeddings=share_embeddings)
     return _config(fields, problems, "FSMTForConditionalGeneration")
 
 

@@ -39,9 +39,11 @@ from common.config import TransformerConfig
 from common.files import FileError
 from common.positions import position_table
 from common.weights import TIED, Param, canonical_shapes, match_patterns
+from seq2seq.data.ids import BOS_ID
+from seq2seq.data.subwords import Vocabulary
 from seq2seq.hub.families import FAMILIES, NORM_EPS, ZEROS, Family
 from seq2seq.hub.hf_folder import WEIGHTS, CheckedFolder, hf_library, read_folder
-from seq2seq.hub.tokenizers import FairseqTokenizer, MarianTokenizer, tokenizer_from_record
+from seq2seq.hub.tokenizers import MARIAN_STARTS, FairseqTokenizer, MarianTokenizer, joint_vocabulary
 from seq2seq.storage.model_file import ModelFile
 
 # Hugging Face builds its sinusoid tables in float32 (even in a float64 model): fairseq's angles
@@ -131,12 +133,15 @@ def convert_loaded(model: torch.nn.Module, tokenizer: object, family: Family, *,
         # settings (docs/real-checkpoints.md)
         "generation": {key: getattr(generation, key, None) for key in
                        ("num_beams", "length_penalty", "max_length", "forced_eos_token_id")}}}
-    record = tokenizer_record(tokenizer, family)
-    _check_tokenizer(tokenizer_from_record(record), model.config, config)
-    return ModelFile(variant, config, settings, weights, tokenizer=record, banned_ids=tuple(banned))
+    ours = carried_tokenizer(tokenizer, family, config.decoder_start)
+    _check_tokenizer(ours, model.config, config)
+    if isinstance(ours, Vocabulary):  # a model of this project's, going home
+        return ModelFile(variant, config, settings, weights, vocabulary=ours.to_tensor(),
+                         banned_ids=tuple(banned))
+    return ModelFile(variant, config, settings, weights, tokenizer=ours.to_record(), banned_ids=tuple(banned))
 
 
-def _check_tokenizer(tokenizer: MarianTokenizer | FairseqTokenizer, hf_config: object,
+def _check_tokenizer(tokenizer: MarianTokenizer | FairseqTokenizer | Vocabulary, hf_config: object,
                      config: TransformerConfig) -> None:
     """The tokenizer's sizes and special ids are the model's, or a ValueError naming each that is not."""
     pairs = {"source vocabulary": (tokenizer.source_size, config.src_vocab_size),
@@ -212,18 +217,29 @@ def _banned_ids(model: torch.nn.Module, config: TransformerConfig) -> list[int]:
     return sorted({word[0] for word in words if len(word) == 1 and 0 <= word[0] < config.tgt_vocab_size})
 
 
-def tokenizer_record(tokenizer: object, family: Family) -> dict[str, object]:
+def carried_tokenizer(tokenizer: object, family: Family,
+                      decoder_start: str) -> MarianTokenizer | FairseqTokenizer | Vocabulary:
     """The tokenizer as the model file carries it (``seq2seq.hub.tokenizers``): its files, as
-    Hugging Face's tokenizer saves them, and its settings."""
+    Hugging Face's tokenizer saves them, and its settings; its decoder starting as
+    ``decoder_start`` (``TransformerConfig.decoder_start``) says. A Marian decoder that starts
+    with this project's BOS is a model of this project's, whose tokenizer is its joint
+    sentencepiece vocabulary (``joint_vocabulary``): that vocabulary is returned, and any other
+    tokenizer is a ``ValueError``."""
     clean_up = bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
     with tempfile.TemporaryDirectory() as folder:
         tokenizer.save_pretrained(folder)
-        if family.name == "marian":
-            ours = MarianTokenizer.from_folder(folder, clean_up=clean_up)
-        else:
-            ours = FairseqTokenizer.from_folder(folder, [tokenizer.src_lang, tokenizer.tgt_lang],
+        if family.name == "fairseq":
+            return FairseqTokenizer.from_folder(folder, [tokenizer.src_lang, tokenizer.tgt_lang],
                                                 lower_case=bool(tokenizer.do_lower_case), clean_up=clean_up)
-    return ours.to_record()
+        start = decoder_start if decoder_start in MARIAN_STARTS else "pad"
+        ours = MarianTokenizer.from_folder(folder, clean_up=clean_up, start=start)
+    if decoder_start != "bos":
+        return ours
+    if (vocabulary := joint_vocabulary(ours)) is None:
+        raise ValueError(f"the decoder starts with this project's BOS id ({BOS_ID}), but the tokenizer is "
+                         "not this project's joint sentencepiece vocabulary (one sentencepiece model for "
+                         "both sides, each piece its own id), the only one here whose decoder starts so")
+    return vocabulary
 
 
 # --- the other way: canonical weights in Hugging Face's MarianMTModel ---------------------------

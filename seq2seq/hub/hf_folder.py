@@ -28,8 +28,9 @@ What is checked, in this order:
   each present, non-empty and of its kind, the vocabularies holding the special pieces; and
   ``special_tokens_map.json`` and ``added_tokens.json`` where present.
 - ``generation_config.json``: a JSON object whose ``bad_words_ids`` (if any) is a list of lists
-  of ids. Where the folder has none, the settings are those transformers derives from
-  ``config.json`` (``GenerationConfig.from_model_config``), and ``generation_source`` says so.
+  of ids, and whose ``decoder_start_token_id`` (if any) is config.json's. Where the folder has
+  none, the settings are those transformers derives from ``config.json``
+  (``GenerationConfig.from_model_config``), and ``generation_source`` says so.
 """
 
 from __future__ import annotations
@@ -380,5 +381,10 @@ def _read_generation(folder: Path, config: object) -> tuple[object, str | None]:
     if words is not None and not (isinstance(words, list) and all(
             isinstance(word, list) and word and all(_is_id(i) for i in word) for word in words)):
         raise FileError(path, f"bad_words_ids is {words!r}, not a list of lists of ids")
+    start = settings.get("decoder_start_token_id")
+    if start is not None and start != config.decoder_start_token_id:
+        raise FileError(path, f"decoder_start_token_id is {start!r}, config.json's is "
+                              f"{config.decoder_start_token_id}: generate would start the decoder with the "
+                              "one, the converted model with the other")
     with reading(path, "a generation config"):
         return transformers.GenerationConfig.from_dict(settings), None

@@ -12,7 +12,8 @@ carries this project's joint sentencepiece vocabulary, whose ids are the model's
 as both of Marian's sentencepiece models, with a vocabulary mapping each piece to its own id, so
 ``MarianTokenizer`` gives the project's ids (on text already in the corpus's NFKC form; the
 project normalises first, the tokenizer does not), and the decoder starts with BOS, not with
-padding as opus-mt's do (docs/real-checkpoints.md).
+padding as opus-mt's do; ``seq2seq.convert`` reads such a folder back to the model file's own
+config (but Marian's positions), weights (permuted) and vocabulary (docs/real-checkpoints.md).
 
 MarianMTModel computes this project's function where the config says: post-norm layers,
 LayerNorm eps 1e-5, no LayerNorm after either stack, embeddings scaled by sqrt(d_model),
@@ -46,7 +47,7 @@ from seq2seq.data.ids import BOS_ID, EOS_ID
 from seq2seq.data.subwords import Vocabulary
 from seq2seq.hub.families import NORM_EPS
 from seq2seq.hub.from_hf import hf_library, marian_model
-from seq2seq.hub.tokenizers import MarianTokenizer, sentencepiece_module, tokenizer_from_record
+from seq2seq.hub.tokenizers import MarianTokenizer, piece_ids, tokenizer_from_record
 from seq2seq.storage.model_file import ModelFile
 
 # canonical weights whose columns read the residual stream, and those whose rows (and biases,
@@ -147,10 +148,9 @@ def write_tokenizer(record: ModelFile, folder: Path) -> str:
         target_vocab = tokenizer.target_vocab if tokenizer.separate else None
         written = "Marian's tokenizer"
     elif record.vocabulary is not None:
-        source_spm = target_spm = Vocabulary.from_tensor(record.vocabulary).model_proto
-        processor = sentencepiece_module().SentencePieceProcessor()
-        processor.LoadFromSerializedProto(source_spm)
-        source_vocab = {processor.id_to_piece(i): i for i in range(processor.get_piece_size())}
+        vocabulary = Vocabulary.from_tensor(record.vocabulary)
+        source_spm = target_spm = vocabulary.model_proto
+        source_vocab = piece_ids(vocabulary)  # what joint_vocabulary recognises on the way back
         target_vocab = None
         written = "the joint sentencepiece vocabulary as a MarianTokenizer"
     else:

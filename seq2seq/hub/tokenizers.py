@@ -15,7 +15,8 @@ Each reproduces what Hugging Face's tokenizer of the family does for translation
   piece), and each piece is looked up in ``vocab.json`` (unknown: ``<unk>``); the ids are those of
   the model, not of either sentencepiece model. Output ids go back to pieces through the target
   vocabulary (``target_vocab.json`` where the checkpoint has two) and are joined by the target
-  sentencepiece model. EOS is ``</s>``, the decoder starts with ``<pad>``.
+  sentencepiece model. EOS is ``</s>``, the decoder starts with ``<pad>`` (opus-mt's), or with
+  ``</s>`` where the model's config says so (``start``).
 - **fairseq** (WMT19, ``FSMTTokenizer``): Moses punctuation normalisation and tokenisation of
   the source language (``sacremoses``, the ``hf`` extra), then byte-pair merges (``merges.txt``,
   subword-nmt's ``</w>`` word ends), looked up in ``vocab-src.json``; output ids go back
@@ -25,6 +26,10 @@ Each reproduces what Hugging Face's tokenizer of the family does for translation
 Both drop the special ids (padding, EOS, unknown, BOS) when decoding, as ``skip_special_tokens``
 does, and apply Hugging Face's ``clean_up_tokenization_spaces`` where the checkpoint's
 tokenizer does.
+
+A folder this project exported (``seq2seq.hub.to_hf``) holds its joint sentencepiece vocabulary
+as Marian's: ``joint_vocabulary`` recognises it, so that the converter gives the model file its
+vocabulary back (``seq2seq.data.subwords.Vocabulary``, whose decoder starts with BOS).
 """
 
 from __future__ import annotations
@@ -40,10 +45,14 @@ from torch import Tensor
 
 from common.checks import check_int
 from common.files import read_bytes, read_json, read_text
+from seq2seq.data.subwords import Vocabulary
 
 KINDS = ("marian", "fairseq")
 LANGUAGE_CODE = re.compile(r">>.+?<<")  # a multilingual opus-mt model's target tag, e.g. >>fr<<
 UNK, PAD, EOS, BOS = "<unk>", "<pad>", "</s>", "<s>"
+# TransformerConfig.decoder_start -> the piece a Marian decoder starts with (files written before
+# the choice start with padding)
+MARIAN_STARTS = {"pad": PAD, "eos": EOS}
 
 
 def sentencepiece_module():
@@ -84,7 +93,7 @@ class _Tokenizer:
     """What both families share: the special ids, the sizes, decoding's id checks."""
 
     kind: str
-    pad_id: int  # the padding id (Marian's decoder also starts with it)
+    pad_id: int  # the padding id (opus-mt's decoder also starts with it)
     eos_id: int  # ends a source, and a translation
     start_id: int  # the decoder's first id
     special_ids: frozenset[int]  # what decoding leaves out
@@ -119,7 +128,8 @@ class MarianTokenizer(_Tokenizer):
     kind = "marian"
 
     def __init__(self, source_spm: bytes, target_spm: bytes, source_vocab: Mapping[str, int],
-                 target_vocab: Mapping[str, int] | None = None, *, clean_up: bool = False) -> None:
+                 target_vocab: Mapping[str, int] | None = None, *, clean_up: bool = False,
+                 start: str = "pad") -> None:
         sentencepiece = sentencepiece_module()
         self.source_spm, self.target_spm = source_spm, target_spm
         self._source = sentencepiece.SentencePieceProcessor()
@@ -137,18 +147,22 @@ class MarianTokenizer(_Tokenizer):
             if name not in self.source_vocab or name not in self.target_vocab:
                 raise ValueError(f"a Marian vocabulary needs {name}; it is missing")
         self.unk_id, self.pad_id, self.eos_id = (self.source_vocab[name] for name in (UNK, PAD, EOS))
-        self.start_id = self.target_vocab[PAD]
+        # the decoder's first id: opus-mt's padding, or EOS (TransformerConfig.decoder_start)
+        if start not in MARIAN_STARTS:
+            raise ValueError(f"a Marian decoder starts with {' or '.join(MARIAN_STARTS)}, got {start!r}")
+        self.start = start
+        self.start_id = self.target_vocab[MARIAN_STARTS[start]]
         self.special_ids = frozenset(self.target_vocab[name] for name in (UNK, PAD, EOS))
         self._target_piece = {i: piece for piece, i in self.target_vocab.items()}
         self.clean_up = clean_up
 
     @classmethod
-    def from_folder(cls, folder: str | Path, clean_up: bool = False) -> MarianTokenizer:
+    def from_folder(cls, folder: str | Path, clean_up: bool = False, start: str = "pad") -> MarianTokenizer:
         folder = Path(folder)
         target = folder / "target_vocab.json"
         return cls(read_bytes(folder / "source.spm"), read_bytes(folder / "target.spm"),
                    _read_json(folder / "vocab.json"), _read_json(target) if target.is_file() else None,
-                   clean_up=clean_up)
+                   clean_up=clean_up, start=start)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Each source text's ids, without EOS."""
@@ -173,7 +187,8 @@ class MarianTokenizer(_Tokenizer):
     def to_record(self) -> dict[str, object]:
         return {"kind": self.kind, "source_spm": _bytes_tensor(self.source_spm),
                 "target_spm": _bytes_tensor(self.target_spm), "source_vocab": self.source_vocab,
-                "target_vocab": self.target_vocab if self.separate else None, "clean_up": self.clean_up}
+                "target_vocab": self.target_vocab if self.separate else None, "clean_up": self.clean_up,
+                "start": self.start}
 
 
 class FairseqTokenizer(_Tokenizer):
@@ -286,7 +301,7 @@ def tokenizer_from_record(record: Mapping[str, object]) -> MarianTokenizer | Fai
         if record["kind"] == "marian":
             return MarianTokenizer(_bytes(record["source_spm"]), _bytes(record["target_spm"]),
                                    record["source_vocab"], record["target_vocab"],
-                                   clean_up=record["clean_up"])
+                                   clean_up=record["clean_up"], start=record.get("start", "pad"))
         return FairseqTokenizer(*record["languages"], [tuple(line.split("\t")) for line in record["merges"]],
                                 record["source_vocab"], record["target_vocab"],
                                 lower_case=record["lower_case"], clean_up=record["clean_up"])
@@ -298,3 +313,21 @@ def _bytes(tensor: object) -> bytes:
     if not isinstance(tensor, Tensor) or tensor.dtype != torch.uint8 or tensor.ndim != 1:
         raise ValueError("a stored sentencepiece model is a 1-d uint8 tensor")
     return tensor.numpy().tobytes()
+
+
+def piece_ids(vocabulary: Vocabulary) -> dict[str, int]:
+    """This project's joint vocabulary as Marian's ``vocab.json``: each piece -> its own id."""
+    return {piece: i for i, piece in enumerate(vocabulary.pieces(range(vocabulary.size)))}
+
+
+def joint_vocabulary(tokenizer: MarianTokenizer) -> Vocabulary | None:
+    """The project's joint sentencepiece vocabulary where ``tokenizer`` is one written as Marian's
+    (``seq2seq.hub.to_hf``): one sentencepiece model on both sides, with this project's special
+    ids, and one vocabulary mapping each of its pieces to its own id; else None."""
+    if tokenizer.separate or tokenizer.source_spm != tokenizer.target_spm:
+        return None
+    try:
+        vocabulary = Vocabulary(tokenizer.source_spm)
+    except ValueError:  # another sentencepiece model's special ids
+        return None
+    return vocabulary if tokenizer.source_vocab == piece_ids(vocabulary) else None

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +22,9 @@ from seq2seq.hub.from_hf import (
     load_hf_model,
     marian_model,
 )
-from seq2seq.storage.model_file import load, save
+from seq2seq.hub.tokenizers import tokenizer_from_record
+from seq2seq.search.greedy import greedy_decode
+from seq2seq.storage.model_file import build_model, load, save
 
 # what each tiny checkpoint's config reads as (seq2seq/hub/tiny.py builds them)
 EXPECTED = {
@@ -114,7 +119,8 @@ def test_without_transformers_the_extra_is_named(monkeypatch, tmp_path, capsys):
     (dict(activation_function="gelu_new"),
      "activation_function 'gelu_new' is none of relu, swish, silu, gelu"),
     (dict(scale_embedding=False), "scale_embedding is False"),
-    (dict(decoder_start_token_id=0), "decoder_start_token_id (0) is not pad_token_id"),
+    (dict(decoder_start_token_id=7), "decoder_start_token_id (7) is neither pad_token_id (85) nor "
+                                     "eos_token_id (0) nor this project's BOS id (1)"),
 ])
 def test_what_a_config_cannot_express_is_named(tiny_named, change, said):
     model, _, family = load_hf_model(tiny_named("marian-swish-tied").folder)
@@ -123,6 +129,59 @@ def test_what_a_config_cannot_express_is_named(tiny_named, change, said):
     with pytest.raises(ValueError, match="cannot be expressed as a TransformerConfig") as error:
         family.read_config(model.config)
     assert said in str(error.value)
+
+
+@pytest.mark.parametrize(("start", "expected"), [(85, "pad"), (0, "eos"), (1, "bos")])
+def test_a_marian_decoder_start_is_read_by_value(tiny_named, start, expected):
+    """opus-mt's padding (85 here), EOS (0), or this project's BOS (1): the first it equals."""
+    model, _, family = load_hf_model(tiny_named("marian-swish-tied").folder)
+    assert (model.config.pad_token_id, model.config.eos_token_id) == (85, 0)
+    model.config.decoder_start_token_id = start
+    assert family.read_config(model.config).decoder_start == expected
+    model.config.eos_token_id = 1  # EOS first: an id that is both is EOS
+    model.config.decoder_start_token_id = 1
+    assert family.read_config(model.config).decoder_start == "eos"
+
+
+def test_an_fsmt_decoder_starts_with_eos_only(tiny_named):
+    model, _, family = load_hf_model(tiny_named("fsmt-tied").folder)
+    model.config.decoder_start_token_id = model.config.pad_token_id
+    with pytest.raises(ValueError, match=r"decoder_start_token_id \(1\) is neither eos_token_id \(2\): "
+                                         r"TransformerConfig.decoder_start is 'eos' for a fairseq"):
+        family.read_config(model.config)
+
+
+def test_a_marian_model_that_starts_with_eos_converts_and_decodes_as_generate(tiny_named, tmp_path):
+    """A Marian folder whose decoder starts with EOS: the config says "eos", the carried tokenizer
+    starts with EOS, and greedy decoding from it gives generate's tokens."""
+    folder = Path(shutil.copytree(tiny_named("marian-swish-tied").folder, tmp_path / "model"))
+    for name in ("config.json", "generation_config.json"):
+        settings = json.loads((folder / name).read_text())
+        settings["decoder_start_token_id"] = 0  # the tiny model's EOS
+        (folder / name).write_text(json.dumps(settings))
+    record = convert(folder)
+    tokenizer = tokenizer_from_record(record.tokenizer)
+    assert (record.config.decoder_start, tokenizer.start_id, tokenizer.eos_id) == ("eos", 0, 0)
+    src = torch.tensor([[*row, 0] for row in tokenizer.encode(["The cat sees the house."] * 2)])
+    model = build_model(record, "explicit").double().eval()
+    ours = greedy_decode(model, src, None, max_len=8, bos_id=tokenizer.start_id, eos_id=0,
+                         banned_ids=record.banned_ids)
+    hf = tiny.hf_float64(folder)
+    assert torch.equal(ours, hf.generate(input_ids=src, num_beams=1, do_sample=False, max_length=8))
+    assert ours[0, 0].item() == 0
+
+
+def test_a_project_bos_start_needs_the_project_s_vocabulary(tiny_named, tmp_path):
+    """A decoder that starts with this project's BOS id belongs to a model trained here; with
+    Marian's own tokenizer (whose id 1 is a piece like any other) it is refused, named."""
+    folder = Path(shutil.copytree(tiny_named("marian-swish-tied").folder, tmp_path / "model"))
+    for name in ("config.json", "generation_config.json"):
+        settings = json.loads((folder / name).read_text())
+        settings["decoder_start_token_id"] = 1
+        (folder / name).write_text(json.dumps(settings))
+    with pytest.raises(ValueError, match=r"the decoder starts with this project's BOS id \(1\), but the "
+                                         r"tokenizer is not this project's joint sentencepiece vocabulary"):
+        convert(folder)
 
 
 def test_every_tensor_is_read_or_known_and_of_its_shape(tiny_named):

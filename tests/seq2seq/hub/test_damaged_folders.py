@@ -77,6 +77,15 @@ def edit_config(**changes) -> Callable[[Path], str]:
     return damage
 
 
+def edit_json(name: str, **changes) -> Callable[[Path], str]:
+    def damage(folder: Path) -> str:
+        settings = json.loads((folder / name).read_text())
+        settings.update(changes)
+        (folder / name).write_text(json.dumps(settings))
+        return name
+    return damage
+
+
 def edit_weights(change: Callable[[dict], None]) -> Callable[[Path], str]:
     def damage(folder: Path) -> str:
         tensors = load_file(folder / "model.safetensors")
@@ -199,6 +208,9 @@ CASES: dict[str, tuple[tuple[str, ...], Callable[[Path], str], tuple[str, ...]]]
     "generation_config.json random": (BOTH, random_bytes("generation_config.json"), ()),
     "generation_config.json bad_words_ids not a list of lists": (
         BOTH, write("generation_config.json", '{"bad_words_ids": 5}'), ("bad_words_ids",)),
+    "generation_config.json's decoder start not config.json's": (
+        BOTH, edit_json("generation_config.json", decoder_start_token_id=3),
+        ("decoder_start_token_id is 3",)),
     # the tokenizer
     "saved without its tokenizer": (BOTH, without_tokenizer, ("no such file", "tokenizer")),
     "tokenizer_config.json missing": (BOTH, delete("tokenizer_config.json"), ("no such file",)),

@@ -11,6 +11,8 @@ opus-mt checkpoints (``conftest``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -18,10 +20,12 @@ from common.config import TransformerConfig
 from common.masks import decoder_mask, padding_mask
 from seq2seq import export_hf
 from seq2seq.data.ids import BOS_ID, EOS_ID
+from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabulary
 from seq2seq.hub import tiny
 from seq2seq.hub.families import FAMILIES
 from seq2seq.hub.from_hf import canonical_weights, convert
 from seq2seq.hub.to_hf import export, export_problems, restore_residual
+from seq2seq.pipeline import translate_sentences
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
 from seq2seq.storage.model_file import ModelFile, build_model, save
@@ -266,18 +270,50 @@ def test_a_model_trained_here_takes_the_road(tmp_path, capsys):
     assert [problem.split("=")[0] for problem in export_problems(preset.config)] == ["final_norm", "norm_eps"]
 
 
-def test_a_model_trained_here_gets_a_marian_tokenizer_of_its_own_vocabulary(tmp_path):
-    """The joint sentencepiece vocabulary goes as Marian's tokenizer: transformers' MarianTokenizer
-    gives the project's ids (EOS appended, as a source is written here) and decodes its text."""
-    from seq2seq.data.subwords import VocabularySettings, train_vocabulary
-
+@pytest.fixture(scope="module")
+def trained_here(tmp_path_factory) -> tuple[ModelFile, Vocabulary, Path]:
+    """A model file as this project's translation runs write one for export (paper positions,
+    BOS start, one joint sentencepiece vocabulary, tied, dropout 0.1; no final norms, eps 1e-5),
+    its vocabulary, and its folder, exported once."""
     vocabulary = train_vocabulary(iter((tiny.SOURCE_SENTENCES + tiny.TARGET_SENTENCES) * 3),
                                   VocabularySettings(60, "bpe"))
     config = CONFIGS["paper-tied"].replace(src_vocab_size=vocabulary.source_size,
-                                           tgt_vocab_size=vocabulary.target_size)
-    record = ModelFile("explicit", config, {}, random_canonical(config), vocabulary=vocabulary.to_tensor())
-    export(record, tmp_path / "hf")
-    tokenizer = tiny.hf_library().MarianTokenizer.from_pretrained(tmp_path / "hf")
+                                           tgt_vocab_size=vocabulary.target_size, dropout=0.1)
+    weights = random_canonical(config, seed=3)
+    record = ModelFile("explicit", config, {}, weights, vocabulary=vocabulary.to_tensor())
+    folder = tmp_path_factory.mktemp("trained-here") / "hf"
+    export(record, folder)
+    return record, vocabulary, folder
+
+
+def test_a_model_trained_here_converts_back_to_the_same_model_file(trained_here):
+    """Out and back: the same config but for Marian's positions (the permutation), every tensor
+    equal once the permutation is undone, the same vocabulary (so the same ids), BOS still the
+    decoder's start; and translate's text from the file that came back is the original's."""
+    record, vocabulary, folder = trained_here
+    again = convert(folder)
+    assert again.config == record.config.replace(positions="marian")
+    assert (again.config.decoder_start, again.tokenizer, again.banned_ids) == ("bos", None, ())
+    back = restore_residual(again.weights, record.config)
+    assert set(back) == set(record.weights)
+    assert all(torch.equal(back[key], record.weights[key]) for key in record.weights)
+    assert not torch.equal(again.weights["src_embed.weight"], record.weights["src_embed.weight"])
+    assert again.weights["generator.weight"] is again.weights["src_embed.weight"]  # tied again
+    assert torch.equal(again.vocabulary, record.vocabulary)
+    texts = ["The cat sees the house.", "Wo ist der Bahnhof?", "Zebras quote xylophones!"]
+    assert Vocabulary.from_tensor(again.vocabulary).encode(texts) == vocabulary.encode(texts)
+    models = [build_model(file, "explicit").double() for file in (record, again)]
+    translations = [translate_sentences(model, vocabulary, texts) for model in models]
+    assert translations[0] == translations[1]
+    assert len(set(translations[0])) > 1
+
+
+def test_a_model_trained_here_gets_a_marian_tokenizer_of_its_own_vocabulary(trained_here):
+    """The joint sentencepiece vocabulary goes as Marian's tokenizer: transformers' MarianTokenizer
+    gives the project's ids (EOS appended, as a source is written here) and decodes its text."""
+    record, vocabulary, folder = trained_here
+    config = record.config
+    tokenizer = tiny.hf_library().MarianTokenizer.from_pretrained(folder)
     texts = ["The cat sees the house.", "Wo ist der Bahnhof?"]
     assert tokenizer(texts)["input_ids"] == [[*ids, EOS_ID] for ids in vocabulary.encode(texts)]
     rows = [[BOS_ID, *ids, EOS_ID, config.pad_id] for ids in vocabulary.encode(texts)]
