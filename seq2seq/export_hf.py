@@ -7,17 +7,20 @@ over ``seq2seq.hub.to_hf``; needs the ``hf`` extra (transformers).
     python -c "from transformers import MarianMTModel; MarianMTModel.from_pretrained('fr-hf')"
 
 A config MarianMTModel cannot compute is refused, one line naming each field
-(docs/real-checkpoints.md).
+(docs/real-checkpoints.md). Where CTranslate2's Marian converter would not decode the folder as
+transformers does (a model trained here: its decoder starts from BOS's learnt embedding), a
+warning line on stderr says why (``seq2seq.hub.to_hf.ctranslate2_problems``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from common.cli import Parser, one_line
 from common.files import FileError, check_output, readable_file
-from seq2seq.hub.to_hf import export
+from seq2seq.hub.to_hf import ctranslate2_problems, export, hf_library
 from seq2seq.storage.model_file import load
 
 PROG = "python -m seq2seq.export_hf"
@@ -43,12 +46,17 @@ def main(argv: list[str] | None = None) -> None:
     """Read the model file, write the folder, say what it holds."""
     args = parse_args(argv)
     try:
-        written = export(load(args.model), args.output)
+        hf_library().utils.logging.disable_progress_bar()  # its lines only, not a writing bar
+        record = load(args.model)
+        written = export(record, args.output)
     except (ImportError, OSError, ValueError) as error:  # no extra, a damaged file, a config refused
         if args.made_output and args.output.is_dir() and not any(args.output.iterdir()):
             args.output.rmdir()
         raise SystemExit(f"{PROG}: error: {one_line(error)}") from None
     print(f"wrote {args.output}: {written}")
+    if problems := ctranslate2_problems(record):  # transformers decodes it; CTranslate2 would not
+        print(f"{PROG}: warning: CTranslate2's Marian converter would not decode {args.output} as "
+              f"transformers does: {'; '.join(problems)} (docs/real-checkpoints.md)", file=sys.stderr)
 
 
 if __name__ == "__main__":

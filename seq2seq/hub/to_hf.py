@@ -112,6 +112,36 @@ def special_ids(record: ModelFile) -> tuple[int, int]:
     return BOS_ID, EOS_ID
 
 
+def ctranslate2_problems(record: ModelFile) -> list[str]:
+    """Why CTranslate2's Marian converter (``ctranslate2.converters.TransformersConverter``, 4.x)
+    would not decode the exported folder as transformers does, each in words; none for a
+    converted opus-mt model. Its Marian loader sets ``start_from_zero_embedding`` (the decoder's
+    first input a zero vector, not the start id's embedding row: harmless only where that row is
+    zero, as opus-mt's padding row is), no option or config.json field turns it off, and it drops
+    the embeddings' last row as Marian's trailing ``<pad>`` whatever the last piece is."""
+    problems = []
+    start_id, _ = special_ids(record)
+    if record.weights["tgt_embed.weight"][start_id].any():
+        problems.append(f"it starts the decoder from a zero vector, not from the start id's ({start_id}) "
+                        "embedding row, which is not zero here")
+    last = _last_target_piece(record)
+    if last is not None and last != "<pad>":
+        problems.append(f"it drops the embeddings' last row as Marian's trailing <pad>, and the last piece "
+                        f"here is {last!r} (it refuses the folder)")
+    return problems
+
+
+def _last_target_piece(record: ModelFile) -> str | None:
+    """The piece of the target vocabulary's last id, or None where the file carries no tokenizer."""
+    last = record.config.tgt_vocab_size - 1
+    if record.tokenizer is not None:
+        tokenizer = tokenizer_from_record(record.tokenizer)
+        return {i: piece for piece, i in tokenizer.target_vocab.items()}.get(last)
+    if record.vocabulary is not None:
+        return Vocabulary.from_tensor(record.vocabulary).pieces([last])[0]
+    return None
+
+
 def hf_marian(record: ModelFile) -> torch.nn.Module:
     """Hugging Face's ``MarianMTModel`` computing the model file's function, in eval mode and the
     weights' dtype, its generation settings the file's (start, EOS, padding, banned ids); a

@@ -24,7 +24,7 @@ from seq2seq.data.subwords import Vocabulary, VocabularySettings, train_vocabula
 from seq2seq.hub import tiny
 from seq2seq.hub.families import FAMILIES
 from seq2seq.hub.from_hf import canonical_weights, convert
-from seq2seq.hub.to_hf import export, export_problems, restore_residual
+from seq2seq.hub.to_hf import ctranslate2_problems, export, export_problems, restore_residual
 from seq2seq.pipeline import translate_sentences
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
@@ -178,12 +178,15 @@ def test_ctranslate2_s_converter_reads_it_and_decodes_the_rows_tokens(tiny_named
     ctranslate2 = pytest.importorskip("ctranslate2")
     record = tiny_named("marian-swish-tied").record
     pad = record.config.pad_id
+    assert [problem.split(",")[0] for problem in ctranslate2_problems(record)] == [
+        "it starts the decoder from a zero vector"]  # the tiny model's padding row is random
     weights = dict(record.weights)
     embedding = weights["src_embed.weight"].clone()
     embedding[pad] = 0
     weights.update(dict.fromkeys(("src_embed.weight", "tgt_embed.weight", "generator.weight"), embedding))
     record = ModelFile(record.variant, record.config, record.settings, weights, tokenizer=record.tokenizer,
                        banned_ids=record.banned_ids)
+    assert ctranslate2_problems(record) == []
     export(record, tmp_path / "hf")
     ctranslate2.converters.TransformersConverter(str(tmp_path / "hf")).convert(str(tmp_path / "ct2"))
     translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu")
@@ -202,6 +205,28 @@ def test_ctranslate2_s_converter_reads_it_and_decodes_the_rows_tokens(tiny_named
         ours.append([i for i in tokens if i not in (0, pad)])  # CTranslate2 leaves EOS out
     assert ours == theirs
     assert len({len(row) for row in ours}) > 1  # some end early, some run to the limit
+
+
+def test_a_model_trained_here_is_one_ctranslate2_s_converter_refuses_and_the_command_says_why(
+        trained_here, tmp_path, capsys):
+    """CTranslate2's Marian loader drops the embeddings' last row (Marian's trailing <pad>) and
+    starts the decoder from a zero vector: it refuses the folder of a model trained here, whose
+    last piece is a word piece and whose decoder starts from BOS's learnt row, and the command
+    says both in one warning line (the folder is written: transformers decodes it)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    record, vocabulary, folder = trained_here
+    with pytest.raises(ValueError):
+        ctranslate2.converters.TransformersConverter(str(folder)).convert(str(tmp_path / "ct2"))
+    capsys.readouterr()
+    tiny.hf_library().utils.logging.enable_progress_bar()  # the command turns them off itself
+    export_hf.main([str(save(record, tmp_path / "model.pt")), "--output", str(tmp_path / "hf")])
+    out, err = capsys.readouterr()
+    assert out.startswith(f"wrote {tmp_path / 'hf'}: MarianMTModel")
+    last = vocabulary.pieces([vocabulary.size - 1])[0]
+    assert last != "<pad>" and record.weights["tgt_embed.weight"][BOS_ID].abs().sum() > 0
+    assert err.count("\n") == 1 and err.startswith("python -m seq2seq.export_hf: warning: CTranslate2")
+    assert f"not from the start id's ({BOS_ID}) embedding row" in err
+    assert f"the last piece here is {last!r}" in err
 
 
 def test_the_command_writes_the_folder(tmp_path, capsys):
