@@ -27,6 +27,8 @@ variant: the registry loads ``outside`` (and what it uses) only when an outside 
                  per-head targets, ``stack_names``), ``drafting``, ``absent_weights``, ``own_stage``
     suggest      a class's weight and probe maps drafted from its modules and one traced forward
                  pass: ``draft`` (``--suggest-maps``)
+    verify       a draft run against the reference before it is printed: verified, corrected by an
+                 exchange of same-shaped parameters, or unverified (``verified``, ``run_draft``)
     reading      what the draft reads in a module tree: linears, norms, layer lists, attentions
     patterns     the draft as patterns and as Python to paste: ``Draft``, ``weight_patterns``,
                  ``probe_patterns``, ``complete``, ``as_python``

@@ -4,11 +4,13 @@ disagrees, the first point of the computation where it does.
     python -m variants.check mypackage.model:Transformer       # an outside class (docs/check.md)
     python -m variants.check mypackage.model:Transformer --norm pre --d-model 64 --heads 8
     python -m variants.check einsum --against explicit          # any two variants
-    python -m variants.check mypackage.model:Transformer --suggest-maps   # draft maps to paste
+    python -m variants.check mypackage.model:Transformer --suggest-maps   # draft maps to paste, run first
     python -m variants.check mypackage.model:Tied --share-embeddings       # a tied model, tied reference
     python -m variants.check explicit --activation silu --no-final-norm --positions marian --norm-eps 1e-5
 
-Prints the config and the norm modes that ran, a table (check, result, largest difference,
+Opens with the cause where one was found ("cause (point): ...": the departure that fits at the
+first divergence, a failed check's hint, padded positions only, trained extra parameters), then
+prints the config and the norm modes that ran, a table (check, result, largest difference,
 tolerance) and, after a failed forward check, every probe point in order of computation with its
 largest |Δ| and the reference's own float32 rounding there, the first point past both marked;
 after a failed gradient or training check whose forward passes, the first weight whose gradient
@@ -35,19 +37,21 @@ from variants.check.adapter import drafting
 from variants.check.battery import run_battery
 from variants.check.diagnose import (
     MASK_HINT,
-    explain_first,
     explained,
+    explanation,
     locate,
     padded_point,
     still_drops,
     trained_extras,
 )
 from variants.check.divergence import first_divergence, number, precision_notes
+from variants.check.explain import Explanation
 from variants.check.harness import CONFIG, MIN_VOCAB, MODES, STEPS, Result, absent_line, mode_name, short
 from variants.check.outside import NORM_MODES, protocol
 from variants.check.patterns import as_python
 from variants.check.sites import REFERENCES, P
 from variants.check.suggest import draft
+from variants.check.verify import verified
 
 NORM_CHOICES = {"post": ("post",), "pre": ("pre",), "both": MODES}
 
@@ -102,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
                              "sublayer outputs only)")
     parser.add_argument("--suggest-maps", action="store_true",
                         help="print a draft weight_map and probe_map for SPEC's class, as Python to paste, "
-                             "and exit")
+                             "run against the reference first (verified, corrected where exchanging "
+                             "same-shaped parameters makes it agree, or unverified), and exit")
     args = parser.parse_args(argv)
     if args.vocab is not None and min(args.vocab) < MIN_VOCAB:  # the battery's batches hold a real token
         parser.error(f"--vocab must be at least {MIN_VOCAB} each (padding and a real token), "
@@ -116,12 +121,21 @@ def main(argv: list[str] | None = None) -> int:
                             positions=args.positions, decoder_start=args.decoder_start)
     try:
         if args.suggest_maps:
-            print(suggested_maps(args.spec, config, NORM_CHOICES[args.norm]))
+            print(suggested_maps(args.spec, config, NORM_CHOICES[args.norm], args.seed))
             return 0
         results = run_battery(args.spec, args.against, args.seed, config, NORM_CHOICES[args.norm],
                               args.dropout_sites)
     except SpecError as error:
         parser.exit(2, f"{parser.prog}: error: {error}{width_hint(str(error))}\n")
+    failed = next((r for r in results if r.passed is False and r.case is not None), None)
+    report, causes = "", {}
+    if failed is not None:
+        report, causes = finder_report(args.spec, failed, args.seed)
+    elif (training := training_failure(results)) is not None:
+        report, causes = training_report(args.spec, training, args.seed)
+    lead = leading_cause(results, causes)
+    if lead:
+        print(lead)
     print(f"{args.spec} against {args.against}: d_model {config.d_model}, {config.n_heads} heads, "
           f"{config.n_layers} layer{'s' * (config.n_layers != 1)}, d_ff {config.d_ff}"
           f"{'' if config.decoder_d_ff is None else f' (the decoder {config.decoder_ff_dim})'}, vocabularies "
@@ -150,11 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {result.check}: {detail}" + (f"; hint: {hint}" if hint and hint not in hints
                                                    else "; hint: as above" if hint else ""))
             hints.add(hint)
-    failed = next((r for r in results if r.passed is False and r.case is not None), None)
-    if failed is not None:
-        print(finder_report(args.spec, failed, args.seed))
-    elif (training := training_failure(results)) is not None:
-        print(training_report(args.spec, training, args.seed))
+    if report:
+        print(report)
     passed = all(r.passed is not False for r in results)
     if passed and rounded is not None:
         print(f"\nevery check passes; {sum(r.precision for r in results)} of them within float32 rounding "
@@ -192,11 +203,15 @@ def class_lines(spec: str, config: TransformerConfig) -> list[str]:
     return lines
 
 
-def suggested_maps(spec: str, config: TransformerConfig, modes: tuple[str, ...]) -> str:
+def suggested_maps(spec: str, config: TransformerConfig, modes: tuple[str, ...], seed: int = 0) -> str:
     """The draft maps of ``spec``'s class (its own maps left out), built in the first of ``modes``
-    it supports. Whatever the class does, one line, never a traceback: SpecError."""
+    it supports, then run against the reference: verified, corrected or unverified, said first
+    (``variants.check.verify``). Whatever the class does, one line, never a traceback: SpecError."""
     cls = variant_class(spec)
+    declared = getattr(cls, "norm_modes", None)
     for mode in modes:
+        if isinstance(declared, (tuple, list)) and mode not in declared:
+            continue  # the class says it does not run in this mode
         mode_config = config.replace(norm_first=NORM_MODES[mode])
         try:
             model = drafting(cls)(mode_config)
@@ -206,10 +221,11 @@ def suggested_maps(spec: str, config: TransformerConfig, modes: tuple[str, ...])
             raise SpecError(f"{spec}: {cls.__name__}(config) raised {explained(error, hint=False)}") \
                 from error
         try:
-            return as_python(draft(model, mode_config), mode_config, cls.__name__)
+            found = draft(model, mode_config)
         except Exception as error:  # a module the draft cannot read: say where, not a traceback
             raise SpecError(f"{spec}: --suggest-maps cannot read {cls.__name__}'s modules: "
                             f"{explained(error, hint=False)}") from error
+        return as_python(verified(cls, found, mode_config, seed), mode_config, cls.__name__)
     raise SpecError(f"{spec}: can be built in none of the norm modes asked for")
 
 
@@ -240,14 +256,30 @@ def modes_line(results: list[Result], asked: tuple[str, ...]) -> str:
         f"; {mode}: {why}" for mode, why in unsupported.items())
 
 
-def finder_report(spec: str, failed: Result, seed: int) -> str:
+CAUSES = ("explained", "hint", "padded", "trained")  # what the checker found, the surest first
+
+
+def leading_cause(results: list[Result], causes: dict[str, str]) -> str:
+    """The line the report opens with: the surest cause found (``CAUSES``: the departure that
+    fits at the first divergence, a failed check's hint, a difference at padded positions only,
+    trained extra parameters), "" where none was found."""
+    split = [(r.check, re.split(r"(?:^|; )hint: ", r.detail, maxsplit=1)) for r in results
+             if r.passed is False]
+    hints = [(check, parts[1]) for check, parts in split if len(parts) == 2]
+    check, hint = next((found for found in hints if found[1] != MASK_HINT), hints[0] if hints else ("", ""))
+    found = {**causes, "hint": f"cause ({check}): {hint}" if hint else ""}
+    return next((found[kind] for kind in CAUSES if found.get(kind)), "")
+
+
+def finder_report(spec: str, failed: Result, seed: int) -> tuple[str, dict[str, str]]:
     """The points of ``failed``'s forward case in order, the first past tolerance and past the
-    reference's own float32 rounding marked, earlier precision-level departures noted."""
+    reference's own float32 rounding marked, earlier precision-level departures noted; and the
+    causes it found (``CAUSES``) as lines to lead the report."""
     case = failed.case
     try:
         differences = locate(spec, case, seed)
     except LookupError as error:
-        return f"\nno divergence finder: {error}"
+        return f"\nno divergence finder: {error}", {}
     tolerance = case.tolerance.atol
     first = next((d for d in differences if d.diverges(tolerance)), None)
     rows = [(d.point, "-" if d.max_abs is None or math.isinf(d.max_abs) else number(d.max_abs),
@@ -259,14 +291,17 @@ def finder_report(spec: str, failed: Result, seed: int) -> str:
     notes = "".join(f"\nnote: {note}" for note in precision_notes(differences, tolerance))
     padded = padded_point(spec, case, seed, first.point) if first is not None else ""
     try:
-        why = explain_first(spec, case, seed, differences)
+        found = explanation(spec, case, seed, differences)
     except Exception as error:  # the explanations are a bonus: never a traceback for them
-        why = f"not explained: recomputing {first.point if first else 'it'} raised {error_line(error)}"
+        found = f"not explained: recomputing {first.point if first else 'it'} raised {error_line(error)}"
+    why = found.line() if isinstance(found, Explanation) else found
     if padded:
         why = f"{padded}\n{why}" if why else padded
+    causes = {"explained": f"cause ({found.point}): {found.cause}" if isinstance(found, Explanation) else "",
+              "padded": f"cause: {padded}" if padded else ""}
     return (f"\nwhere {failed.check} first differs ({short(spec)} vs {short(case.against)}):\n\n"
             + tabulate(rows, headers=("point", "max |Δ|", "f32 rounding", "note"), tablefmt="simple")
-            + f"\n{notes}\n{first_divergence(differences, tolerance)}" + (f"\n{why}" if why else ""))
+            + f"\n{notes}\n{first_divergence(differences, tolerance)}" + (f"\n{why}" if why else "")), causes
 
 
 def training_failure(results: list[Result]) -> Result | None:
@@ -276,13 +311,14 @@ def training_failure(results: list[Result]) -> Result | None:
                  and r.check.startswith(("gradients", f"{STEPS} Adam"))), None)
 
 
-def training_report(spec: str, failed: Result, seed: int) -> str:
+def training_report(spec: str, failed: Result, seed: int) -> tuple[str, dict[str, str]]:
     """Why a gradient or training check fails while the forward passes: the first weight whose
-    gradient differs (its detail) and the determinism probe."""
+    gradient differs (its detail) and the determinism probe; and trained extra parameters as the
+    cause to lead the report (``CAUSES``)."""
     try:
         drops = still_drops(spec, failed.config, seed)
     except Exception as error:  # the model's own error: the table has reported it already
-        return f"\nno determinism probe: {explained(error)}"
+        return f"\nno determinism probe: {explained(error)}", {}
     probe = (f"{drops} still drops: with dropout 0 in train mode, two seeds give different outputs"
              if drops else "with dropout 0 in train mode two seeds give the same outputs: nothing drops")
     lines = [probe]
@@ -300,7 +336,7 @@ def training_report(spec: str, failed: Result, seed: int) -> str:
         lines.append(f"so the {'gradients' if failed.check.startswith('gradients') else 'losses'} themselves "
                      f"differ: {failed.detail}")
     return (f"\nwhy {failed.check} fails while the forward passes:\n"
-            + "\n".join(f"  {line}" for line in lines))
+            + "\n".join(f"  {line}" for line in lines), {"trained": f"cause: {lines[0]}" if extras else ""})
 
 
 if __name__ == "__main__":

@@ -56,15 +56,20 @@ def locate(spec: str, case: Case, seed: int = 0) -> list[PointDifference]:
                           b_float32=other_float32, stand_ins=(stand_ins(subject), stand_ins(other)))
 
 
-def explain_first(spec: str, case: Case, seed: int, differences: list[PointDifference]) -> str:
-    """The explanation of the first divergence in ``differences`` (``variants.check.explain``),
-    as one line; "" where there is none to try."""
+def explanation(spec: str, case: Case, seed: int, differences: list[PointDifference]) -> Explanation | str:
+    """The explanation of the first divergence in ``differences`` (``variants.check.explain``):
+    the departure that fits, or a line saying none does; "" where there is none to try."""
     first = next((d for d in differences if d.diverges(case.tolerance.atol)), None)
     if first is None:
         return ""
     subject, other = (model.double() for model in pair(spec, case.against, case.config, seed))
-    found = explain(subject, other, case.inputs, (stand_ins(subject), stand_ins(other)), first,
-                    FLOAT64.atol if case.dtype == torch.float64 else case.tolerance.atol)
+    return explain(subject, other, case.inputs, (stand_ins(subject), stand_ins(other)), first,
+                   FLOAT64.atol if case.dtype == torch.float64 else case.tolerance.atol)
+
+
+def explain_first(spec: str, case: Case, seed: int, differences: list[PointDifference]) -> str:
+    """``explanation`` as one line."""
+    found = explanation(spec, case, seed, differences)
     return found.line() if isinstance(found, Explanation) else found
 
 
@@ -116,7 +121,6 @@ def explained(error: BaseException, hint: bool = True) -> str:
     """One line: the error, where in the model's code it was raised, and a hint."""
     place, hint = where_raised(error), hint_for(error) if hint else ""
     return error_line(error) + (f" (at {place})" if place else "") + (f"; hint: {hint}" if hint else "")
-
 
 
 def rounding_only(spec: str, case: Case, seed: int) -> str:

@@ -24,8 +24,8 @@ class Draft:
     notes: list[str] = field(default_factory=list)  # why a point or a weight is missing
     layers: dict[tuple[str, int], str] = field(default_factory=dict)  # (stack, i) -> the layer's module
     heads: int = 1  # H, for the {h} of per-head targets
-
-
+    verdict: str = ""  # what running the draft showed (variants.check.verify): verified, corrected, ...
+    corrected: dict[str, str] = field(default_factory=dict)  # canonical name or point -> what changed it
 
 def target_name(target) -> str | None:
     return None if target is None else target if isinstance(target, str) else (
@@ -139,9 +139,20 @@ def complete(found: Draft, config: TransformerConfig) -> list[str]:
     return missing + points
 
 
+def _mark(pattern: str, corrected: dict[str, str]) -> str:
+    """A comment for a pattern entry that covers a corrected one: what changed it."""
+    if not corrected:
+        return ""
+    shape = re.escape(pattern).replace(r"\{i\}", r"\d+").replace(r"\{stack\}", "(?:encoder|decoder)")
+    shape = shape.replace(r"\{kind\}", "(?:weight|bias)")
+    return next((f"  # {why}" for name, why in corrected.items() if re.fullmatch(shape, name)), "")
+
+
 def as_python(found: Draft, config: TransformerConfig, name: str) -> str:
     """The draft as Python to paste into the class ``name``."""
     lines = [f"# drafted by python -m variants.check --suggest-maps for {name}; read it before trusting it"]
+    if found.verdict:
+        lines.append(f"# {found.verdict}")
     for note in found.notes:
         lines.append(f"# note: {note}")
     missing = complete(found, config)
@@ -159,9 +170,11 @@ def as_python(found: Draft, config: TransformerConfig, name: str) -> str:
     per_head = any("{h}" in (target_name(target) or "") for target in found.weights.values())
     lines.append("weight_map = {" + ("  # {h}: each head's layer, holding its rows of the canonical matrix"
                                      if per_head else ""))
-    lines += [f"    {key!r}: {value!r}," for key, value in weight_patterns(found).items()]
+    lines += [f"    {key!r}: {value!r},{_mark(key, found.corrected)}"
+              for key, value in weight_patterns(found).items()]
     lines.append("}")
     lines.append("probe_map = {  # Probe: from common.probes; Param (in weight_map): from common.weights")
-    lines += [f"    {key!r}: {value!r}," for key, value in probe_patterns(found).items()]
+    lines += [f"    {key!r}: {value!r},{_mark(key, found.corrected)}"
+              for key, value in probe_patterns(found).items()]
     lines.append("}")
     return "\n".join(lines)

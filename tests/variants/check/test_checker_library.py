@@ -1,12 +1,15 @@
 """``python -m variants.check`` on a model in the shape maintained libraries give theirs
-(``tests/fixtures/outside/library.py``): the draft places norms by the order the layer calls them
-and reads NaN memory; a wrong map, two departures together, a difference at padded positions only,
-a model in the other norm mode and float32 casts are each named for what they are; a trained extra
-parameter is named when the Adam steps part."""
+(``tests/fixtures/outside/library.py``): the draft places norms by the order the layer calls them,
+reads NaN memory, and is run before it is printed (verified, corrected by an exchange of
+same-shaped parameters, or unverified); a wrong map, two departures together, a difference at
+padded positions only, a model in the other norm mode and float32 casts are each named for what
+they are, the report opening with the cause; a trained extra parameter is named when the Adam
+steps part."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,13 +19,16 @@ from common.probes import Probe
 from common.random_batch import random_batch
 from tests.fixtures.outside import library
 from variants import REFERENCE
-from variants.check.__main__ import main
+from variants.check.__main__ import leading_cause, main
 from variants.check.adapter import drafting
 from variants.check.battery import forward, gradients, lockstep, masked_batch
-from variants.check.diagnose import explain_first, locate, padded_point, trained_extras
-from variants.check.harness import CONFIG, Case
+from variants.check.combined import exchanged
+from variants.check.diagnose import MASK_HINT, explain_first, locate, padded_point, trained_extras
+from variants.check.harness import CONFIG, Case, Result
+from variants.check.patterns import as_python
 from variants.check.suggest import draft
 from variants.check.tolerances import FLOAT64
+from variants.check.verify import verified
 
 LIBRARY = "tests.fixtures.outside.library"
 SMALL = CONFIG.replace(n_layers=1, d_ff=64)  # one layer per stack: the component tests' model
@@ -81,6 +87,86 @@ def test_a_point_the_draft_cannot_place_is_flagged_not_left_out_silently():
     assert found.probes["src_embed"] is None
     assert any(note.startswith("src_embed: no module's output is the encoder's first input")
                for note in found.notes), found.notes
+
+
+# --- the draft, run against the reference ------------------------------------------------------------
+
+
+def suggested(name: str, capsys) -> tuple[list[str], str, dict]:
+    """What --suggest-maps prints for the fixture ``name`` (one layer): its lines, its text, and
+    the maps it defines when run as Python."""
+    assert main([f"{LIBRARY}:{name}", "--suggest-maps", "--layers", "1"]) == 0
+    text = capsys.readouterr().out
+    namespace: dict = {"Probe": Probe}
+    exec(text, namespace)
+    return text.splitlines(), text, namespace
+
+
+class PastedListed(library.ListedKeysFirst):
+    """ListedKeysFirst with the maps --suggest-maps printed for it (set by the test below)."""
+
+
+def test_a_draft_that_reads_two_same_shaped_linears_wrong_is_corrected_by_running_it(capsys):
+    """Names, registration order and call order all read proj.0 as W_q; it is the keys' linear.
+    Run, the draft diverges at the first attention; with W_q and W_k exchanged it agrees, and the
+    map printed is the corrected one, its entries marked."""
+    read = draft(drafting(library.ListedKeysFirst)(PRE), PRE)  # what reading alone gives
+    assert read.weights["encoder.layers.0.self_attn.wq.weight"] == \
+        "encoder.transformer.0.self_attn.proj.0.weight"
+    lines, text, maps = suggested("ListedKeysFirst", capsys)
+    assert lines[1].startswith("# corrected: as drafted, the forward diverged at encoder.layers.0.self_attn "
+                               "(max |Δ| "), lines[1]
+    assert "; with W_q and W_k (the queries' and the keys' linear) exchanged in " \
+           "encoder.layers.0.self_attn, decoder.layers.0.self_attn, decoder.layers.0.cross_attn, it agrees " \
+           "with the reference at every point: the entries marked below are corrected" in lines[1], lines[1]
+    weights = maps["weight_map"]
+    for stack, attn in (("{stack}", "self_attn"), ("decoder", "cross_attn")):
+        for proj, index in (("wq", 1), ("wk", 0), ("wv", 2), ("wo", 3)):  # the fixture's list: keys first
+            assert weights[f"{stack}.layers.{{i}}.{attn}.{proj}.{{kind}}"] == \
+                f"{stack}.transformer.{{i}}.{attn}.proj.{index}.{{kind}}"
+    assert "'{stack}.transformer.{i}.self_attn.proj.1.{kind}',  # corrected: exchanged with wk\n" in text
+    assert "proj.2.{kind}',  #" not in text  # W_v was not exchanged, and is not marked
+    PastedListed.weight_map, PastedListed.probe_map = weights, maps["probe_map"]
+    assert forward(f"{__name__}:PastedListed", case(), 0, "forward").passed
+
+
+def test_a_draft_that_is_right_is_verified(capsys):
+    lines, text, _ = suggested("Checked", capsys)
+    assert lines[1].startswith("# verified: the reference's seeded weights, loaded through this map, give "
+                               "the reference's values at every point in float64 (largest |Δ| "), lines[1]
+    assert "corrected" not in text
+
+
+def test_a_draft_of_a_model_that_departs_is_unverified(capsys):
+    """ScaledSinusoids departs at the embeddings: no exchange helps, and the draft says where."""
+    lines, _, _ = suggested("ScaledSinusoids", capsys)
+    assert lines[1].startswith("# unverified: the draft diverges at src_embed (max |Δ| "), lines[1]
+    assert "no exchange of same-shaped parameters there (another norm's module, W_q/W_k, a decoder layer's " \
+           "self-/cross-attention) makes it agree" in lines[1], lines[1]
+
+
+@pytest.mark.parametrize(("slot", "other", "says", "mark"), [
+    ("encoder.layers.0.norm1", "encoder.layers.0.norm2",
+     "with the two norms' modules exchanged in encoder.layers.0.norm1 and encoder.layers.0.norm2, it agrees",
+     "'encoder.layers.{i}.norm1.{kind}': 'encoder.transformer.{i}.layer_norm.{kind}',  # corrected: "
+     "exchanged with norm2"),
+    ("decoder.layers.0.self_attn", "decoder.layers.0.cross_attn",
+     "with the self-attention and the cross-attention exchanged in decoder.layers.0, it agrees",
+     "'decoder.layers.{i}.cross_attn': 'decoder.transformer.{i}.cross_attn.final_linear',  # corrected: "
+     "exchanged with self_attn"),
+], ids=["norms", "self/cross"])
+def test_a_draft_with_two_slots_exchanged_is_corrected(slot, other, says, mark):
+    """The right draft with two slots' weights and probes exchanged, as a misreading would: run,
+    the exchange is found and undone."""
+    right = draft(drafting(library.Checked)(PRE), PRE)
+    wrong = replace(right, weights=exchanged(right.weights, slot, other),
+                    probes=exchanged(right.probes, slot, other))
+    assert wrong.weights != right.weights and wrong.probes != right.probes
+    found = verified(library.Checked, wrong, PRE)
+    assert found.verdict.startswith("corrected: as drafted, the forward diverged at "), found.verdict
+    assert says in found.verdict, found.verdict
+    assert found.weights == right.weights and found.probes == right.probes
+    assert mark in as_python(found, PRE, "Checked")
 
 
 # --- wrong maps, two departures, the closest fit, the departures under another config ------------
@@ -189,6 +275,35 @@ def test_a_trained_extra_parameter_is_named_when_the_adam_steps_part():
     assert trained_extras(f"{LIBRARY}:Mapped", PRE) == ([], [])
 
 
+# --- the line the report opens with ---------------------------------------------------------------
+
+
+def test_the_report_opens_with_the_cause_both_departures_named(capsys):
+    assert main([f"{LIBRARY}:ScaledSinusoids", "--layers", "1", "--norm", "pre"]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("cause (src_embed): two departures together at the embeddings: "), first
+    assert "the embeddings not scaled by √d_model = √32" in first, first
+    assert "the positions scaled by 1/√d_model = 0.177" in first, first
+
+
+def test_the_report_opens_with_the_surest_cause_found():
+    """A fitted explanation, then a failed check's hint (a hint to check the masks last), then a
+    difference at padded positions only, then trained extra parameters; a passed check's detail
+    is no cause."""
+    hinted = Result("forward float64", False, detail="max |Δ| 2; hint: the masks exchanged in decode")
+    masks = Result("bad inputs", False, detail=f"RuntimeError: shapes; hint: {MASK_HINT}")
+    found = {"explained": "cause (src_embed): A", "padded": "cause: B", "trained": "cause: C"}
+    assert leading_cause([masks, hinted], found) == "cause (src_embed): A"
+    assert leading_cause([masks, hinted], {**found, "explained": ""}) == \
+        "cause (forward float64): the masks exchanged in decode"
+    assert leading_cause([masks], {}) == f"cause (bad inputs): {MASK_HINT}"
+    assert leading_cause([Result("padded", False, detail="hint: only padded")], {}) == \
+        "cause (padded): only padded"
+    assert leading_cause([Result("x", True, detail="hint: y")], {**found, "explained": ""}) == "cause: B"
+    assert leading_cause([], {"trained": "cause: C"}) == "cause: C"
+    assert leading_cause([], {}) == ""
+
+
 # --- end to end: the first thing printed after the table ------------------------------------------
 
 
@@ -200,6 +315,18 @@ FIRST_SAID = {  # fixture -> the start of the first line the checker prints afte
     "Undeclared": "  forward float64 post-norm S=7 T=5: hint: built for post-norm, the model agrees with the "
                   "reference in pre-norm",
     "TrainedScale": "  the model trains parameters the reference does not have (extra_parameters): pos_scale",
+    "ListedKeysFirst": "explained: W_q and W_k exchanged",
+}
+LEAD = {  # fixture -> the start of the first line the checker prints
+    "ScaledSinusoids": "cause (src_embed): two departures together at the embeddings",
+    "SwappedNorms": "cause (encoder.layers.0.norm1): encoder.layers.0.norm1 holds encoder.layers.0.norm2's",
+    "PaddedZeros": "cause (forward float64 pre-norm S=7 T=5): only the 3 padded target positions",
+    "MaskedRowZeros": "cause (fully masked source row pre-norm vs explicit): only batch row 1, whose source",
+    "Undeclared": "cause (forward float64 post-norm S=7 T=5): built for post-norm, the model agrees with the "
+                  "reference in pre-norm",
+    "TrainedScale": "cause: the model trains parameters the reference does not have (extra_parameters): "
+                    "pos_scale",
+    "ListedKeysFirst": "cause (encoder.layers.0.self_attn): W_q and W_k exchanged",
 }
 
 
@@ -213,6 +340,7 @@ def test_the_first_thing_printed_names_the_true_cause(name, capsys):
         ("  post-norm: every check", "  gradients", "where ", "point ", "---", "why ", "first divergence"))
         and not re.match(r"(src|tgt)_embed |encoder\.|decoder\.|generator ", line)]
     assert said[0].startswith(FIRST_SAID[name]), said[:3]
+    assert lines[0].startswith(LEAD[name]), lines[0]
 
 
 @pytest.mark.slow
