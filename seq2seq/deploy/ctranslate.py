@@ -10,7 +10,8 @@ Ids become the token strings ``"<id>"``. What the spec sets explicitly, because 
 defaults differ from the suite's function:
 
 - the sinusoid table of common/positions.py (CTranslate2's own concatenates sines then cosines);
-- the final LayerNorm after each stack in post-norm too: ``TransformerEncoderSpec`` and
+- the final LayerNorm after each stack (``final_norm``; without it, none: ``no_final_norm`` in
+  pre-norm, nothing added in post-norm) in post-norm too: ``TransformerEncoderSpec`` and
   ``TransformerDecoderSpec`` declare it only for pre-norm (no declared field asks for it in
   post-norm: ``no_final_norm`` only removes it, ``pre_post_layer_norm`` adds a norm to every
   layer), but the runtime applies a ``layer_norm`` it finds in the model in both modes, so it is
@@ -59,7 +60,7 @@ from seq2seq.search.strategy import check_arguments
 COMPUTE_TYPES = ("float32", "int8", "bfloat16", "int8_bfloat16")
 # config fields for checkpoints trained elsewhere that this export has no proof for: only their
 # defaults (the paper's architecture) are exported
-UNSERVED_FIELDS = ("activation", "final_norm", "positions", "decoder_d_ff", "decoder_start")
+UNSERVED_FIELDS = ("activation", "positions", "decoder_d_ff", "decoder_start")
 
 
 def token(index: int) -> str:
@@ -82,11 +83,12 @@ def _norm(spec: common_spec.LayerNormSpec, w: dict[str, np.ndarray], name: str) 
 
 
 def _with_final_norm(
-    stack: specs.TransformerEncoderSpec | specs.TransformerDecoderSpec, pre_norm: bool
+    stack: specs.TransformerEncoderSpec | specs.TransformerDecoderSpec, config: TransformerConfig
 ) -> None:
     """The spec declares a stack's final norm only for pre-norm; the runtime applies one it finds
-    in the model in both modes, so post-norm gets it too (as torch.nn.Transformer has it)."""
-    if not pre_norm:
+    in the model in both modes, so post-norm gets it too (as torch.nn.Transformer has it), where
+    the config has one."""
+    if config.final_norm and not config.norm_first:
         object.__setattr__(stack, "layer_norm", common_spec.LayerNormSpec())
 
 
@@ -107,14 +109,16 @@ def _feed_forward(spec: specs.FeedForwardSpec, w: dict[str, np.ndarray], at: str
 def encoder_spec(weights: dict[str, Tensor], config: TransformerConfig) -> specs.TransformerEncoderSpec:
     """The encoder stack of the canonical weights: embeddings, positions, layers, final norm."""
     w = _numpy({name: t for name, t in weights.items() if name.startswith(("src_embed", "encoder."))})
-    encoder = specs.TransformerEncoderSpec(config.n_layers, config.n_heads, pre_norm=config.norm_first)
-    _with_final_norm(encoder, config.norm_first)
+    encoder = specs.TransformerEncoderSpec(config.n_layers, config.n_heads, pre_norm=config.norm_first,
+                                           no_final_norm=not config.final_norm)
+    _with_final_norm(encoder, config)
     encoder.embeddings[0].weight = w["src_embed.weight"]  # scaled by sqrt(D): scale_embeddings
     encoder.position_encodings.encodings = _positions(config)
     for i, layer in enumerate(encoder.layer):
         _self_attention(layer.self_attention, w, f"encoder.layers.{i}")
         _feed_forward(layer.ffn, w, f"encoder.layers.{i}", "norm2")
-    _norm(encoder.layer_norm, w, "encoder.norm")
+    if config.final_norm:
+        _norm(encoder.layer_norm, w, "encoder.norm")
     return encoder
 
 
@@ -123,8 +127,9 @@ def decoder_spec(weights: dict[str, Tensor], config: TransformerConfig) -> specs
     w = _numpy(
         {name: t for name, t in weights.items() if name.startswith(("tgt_embed", "decoder.", "generator"))}
     )
-    decoder = specs.TransformerDecoderSpec(config.n_layers, config.n_heads, pre_norm=config.norm_first)
-    _with_final_norm(decoder, config.norm_first)
+    decoder = specs.TransformerDecoderSpec(config.n_layers, config.n_heads, pre_norm=config.norm_first,
+                                           no_final_norm=not config.final_norm)
+    _with_final_norm(decoder, config)
     decoder.embeddings.weight = w["tgt_embed.weight"]
     decoder.position_encodings.encodings = _positions(config)
     for i, layer in enumerate(decoder.layer):
@@ -135,7 +140,8 @@ def decoder_spec(weights: dict[str, Tensor], config: TransformerConfig) -> specs
         _linear(layer.attention.linear[2], w, f"{at}.cross_attn.wo")
         _norm(layer.attention.layer_norm, w, f"{at}.norm2")
         _feed_forward(layer.ffn, w, at, "norm3")
-    _norm(decoder.layer_norm, w, "decoder.norm")
+    if config.final_norm:
+        _norm(decoder.layer_norm, w, "decoder.norm")
     _linear(decoder.projection, w, "generator")  # tied or not, the generator's own (V, D) matrix
     return decoder
 

@@ -134,6 +134,24 @@ def test_ctranslate2_honours_norm_eps(tmp_path):
     torch.testing.assert_close(engine.first_log_probs(src).log_softmax(dim=-1), expected[:, 0])
 
 
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_ctranslate2_without_final_norms(norm_first, tmp_path):
+    """A model without final norms (Marian's, and what export_hf takes): none in the spec either.
+    A spec that kept one would normalise the decoder's output again and move every log-prob."""
+    config = small_config(norm_first=norm_first).replace(final_norm=False)
+    model = suite_model(config, weights(config))
+    directory = ctranslate.export_ctranslate2(model, tmp_path, bos_id=BOS, eos_id=EOS)
+    engine = ctranslate.CTranslate2Model(directory)
+    src = held_out(config)
+    mask = padding_mask(src, 0)
+    with torch.no_grad():
+        cache = model.start_cache(model.encode(src, mask), mask)
+        expected = model.project(model.decode_step(torch.full((len(src), 1), BOS), cache))
+    torch.testing.assert_close(engine.first_log_probs(src).log_softmax(dim=-1), expected[:, 0])
+    expected = greedy_decode(model, src, mask, max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
+    assert_same_greedy(expected, engine.greedy(src, max_len=MAX_LEN))
+
+
 def test_ctranslate2_encoder_output(ct2_case, tmp_path):
     """The encoder stack alone (ctranslate2.Encoder over the same encoder spec): the final norm in
     post-norm, the sinusoid table, the embedding scale and eps."""
