@@ -193,6 +193,12 @@ DEVIATIONS = {
     'a learned scalar on the sinusoids, initialised to 1': (
         f"{FIXTURES}.library:TrainedScale", 1,
         'the model trains parameters the reference does not have (extra_parameters): pos_scale'),
+    "each attention's linears in one unnamed list, the keys' first, no maps": (
+        f"{FIXTURES}.library:ListedKeysFirst", 1,
+        "cause (encoder.layers.0.self_attn): W_q and W_k exchanged"),
+    "the same, its maps drafted and run": (
+        f"{FIXTURES}.library:ListedKeysFirst --suggest-maps", 0,
+        "# corrected: as drafted, the forward diverged at encoder.layers.0.self_attn"),
 }
 NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:e[-+]?\d+)?(?![\w.])")
 

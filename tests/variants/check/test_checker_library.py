@@ -169,6 +169,24 @@ def test_a_draft_with_two_slots_exchanged_is_corrected(slot, other, says, mark):
     assert mark in as_python(found, PRE, "Checked")
 
 
+def test_norms_drafted_in_registration_order_are_put_back_in_call_order():
+    """Every layer's norms in registration order, the feed-forward's first (a decoder layer's
+    three in a cycle no single exchange undoes): run, the draft is put back, exchange by exchange."""
+    right = draft(drafting(library.Checked)(PRE), PRE)
+    wrong = right
+    for slot, other in (("encoder.layers.0.norm1", "encoder.layers.0.norm2"),
+                        ("decoder.layers.0.norm1", "decoder.layers.0.norm3"),
+                        ("decoder.layers.0.norm2", "decoder.layers.0.norm3")):
+        wrong = replace(wrong, weights=exchanged(wrong.weights, slot, other),
+                        probes=exchanged(wrong.probes, slot, other))
+    assert wrong.weights["decoder.layers.0.norm1.weight"] == \
+        "decoder.transformer.0.feed_forward.layer_norm.weight"
+    assert wrong.weights["decoder.layers.0.norm2.weight"] == "decoder.transformer.0.layer_norm_1.weight"
+    found = verified(library.Checked, wrong, PRE)
+    assert found.verdict.startswith("corrected: "), found.verdict
+    assert found.weights == right.weights and found.probes == right.probes
+
+
 # --- wrong maps, two departures, the closest fit, the departures under another config ------------
 
 
