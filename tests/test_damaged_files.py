@@ -15,7 +15,6 @@ a regular file.
 
 from __future__ import annotations
 
-import ast
 import importlib
 import io
 import json
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.test_layering import is_program
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "variants", "seq2seq", "benchmarks", "scripts")
@@ -56,17 +57,6 @@ READ = ("missing", "empty", "a directory", "truncated", "random bytes", "JSON of
         "not UTF-8")
 WRITE = ("a directory in its place", "under a regular file")
 FOLDER_WRITE = ("a file in its place", "under a regular file")
-
-
-def is_program(path: Path) -> bool:
-    """A command: a ``__main__.py``, or a module that runs itself (``if __name__ == "__main__":``)."""
-    if path.name == "__main__.py":
-        return True
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        test = ast.unparse(node.test) if isinstance(node, ast.If) else ""
-        if "__name__" in test and "__main__" in test:
-            return True
-    return False
 
 
 def program_name(path: Path) -> str:

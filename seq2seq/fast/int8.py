@@ -49,7 +49,6 @@ Shape legend:
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,7 +57,7 @@ import torch
 from torch import Tensor, nn
 
 from common.checks import model_device, model_dtype
-from seq2seq.fast.onednn import PACKED_MODULES, SERVED, unpackable
+from seq2seq.fast.onednn import SERVED, replace_linears, unpackable
 
 QUANTIZED_ENGINE = "fbgemm"  # the quantized engine whose kernels the int8 linears run (x86)
 REDUCE_RANGE = True  # each call's input on 7 bits: no int16 pair sum can overflow without VNNI
@@ -133,14 +132,4 @@ def with_int8_linears(model: nn.Module) -> nn.Module:
     if not int8_available():
         raise ValueError(f"int8 linears run PyTorch's {QUANTIZED_ENGINE} quantized engine (x86 CPUs); this "
                          f"build has {', '.join(torch.backends.quantized.supported_engines)}")
-    quantized = copy.deepcopy(model).requires_grad_(False)  # inference only: no graph through the copy
-    for prefix in PACKED_MODULES:
-        root = quantized.get_submodule(prefix)
-        linears = [(name, module) for name, module in root.named_modules() if isinstance(module, nn.Linear)]
-        for name, module in linears:
-            if not name:  # the module is itself a linear (the generator)
-                setattr(quantized, prefix, Int8Linear(module))
-                continue
-            parent, _, attribute = name.rpartition(".")
-            setattr(root.get_submodule(parent), attribute, Int8Linear(module))
-    return quantized
+    return replace_linears(model, Int8Linear)

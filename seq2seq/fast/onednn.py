@@ -36,6 +36,7 @@ Shape legend:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -93,16 +94,22 @@ def with_onednn_linears(model: nn.Module, dtype: torch.dtype = torch.float32) ->
     if device.type != "cpu" or model_precision != torch.float32 or not torch.backends.mkldnn.is_available():
         raise ValueError(f"oneDNN linears need a float32 model on a CPU with oneDNN (mkldnn available: "
                          f"{torch.backends.mkldnn.is_available()}), got {model_precision} on {device}")
+    return replace_linears(model, lambda linear: OneDnnLinear(linear, dtype))
+
+
+def replace_linears(model: nn.Module, pack: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """A copy of ``model`` for inference (no parameter requires grad) whose every ``nn.Linear``
+    in ``PACKED_MODULES`` is ``pack(linear)``; ``model`` is left as it was."""
     packed = copy.deepcopy(model).requires_grad_(False)  # inference only: no graph through the copy
     for prefix in PACKED_MODULES:
         root = packed.get_submodule(prefix)
         linears = [(name, module) for name, module in root.named_modules() if isinstance(module, nn.Linear)]
         for name, module in linears:
             if not name:  # the module is itself a linear (the generator)
-                setattr(packed, prefix, OneDnnLinear(module, dtype))
+                setattr(packed, prefix, pack(module))
                 continue
             parent, _, attribute = name.rpartition(".")
-            setattr(root.get_submodule(parent), attribute, OneDnnLinear(module, dtype))
+            setattr(root.get_submodule(parent), attribute, pack(module))
     return packed
 
 
