@@ -119,36 +119,33 @@ def test_ctranslate2_first_step_log_probs(ct2_case):
     torch.testing.assert_close(logits.log_softmax(dim=-1), expected[:, 0])
 
 
-def test_ctranslate2_honours_norm_eps(tmp_path):
-    """eps 0.1, where the runtime's own default would move every log-prob well past tolerance."""
-    config = small_config(norm_first=True).replace(norm_eps=0.1)
+def exported_first_step(config, directory):
+    """(the model, its CTranslate2 export, the held-out sources), the first step's log-probs
+    checked equal: a spec whose norms differ from the model's moves every one of them."""
     model = suite_model(config, weights(config))
-    engine = ctranslate.CTranslate2Model(
-        ctranslate.export_ctranslate2(model, tmp_path, bos_id=BOS, eos_id=EOS)
-    )
+    exported = ctranslate.export_ctranslate2(model, directory, bos_id=BOS, eos_id=EOS)
+    engine = ctranslate.CTranslate2Model(exported)
     src = held_out(config)
     mask = padding_mask(src, 0)
     with torch.no_grad():
         cache = model.start_cache(model.encode(src, mask), mask)
         expected = model.project(model.decode_step(torch.full((len(src), 1), BOS), cache))
     torch.testing.assert_close(engine.first_log_probs(src).log_softmax(dim=-1), expected[:, 0])
+    return model, engine, src
+
+
+def test_ctranslate2_honours_norm_eps(tmp_path):
+    """eps 0.1, where the runtime's own default would move every log-prob well past tolerance."""
+    exported_first_step(small_config(norm_first=True).replace(norm_eps=0.1), tmp_path)
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_ctranslate2_without_final_norms(norm_first, tmp_path):
     """A model without final norms (Marian's, and what export_hf takes): none in the spec either.
     A spec that kept one would normalise the decoder's output again and move every log-prob."""
-    config = small_config(norm_first=norm_first).replace(final_norm=False)
-    model = suite_model(config, weights(config))
-    directory = ctranslate.export_ctranslate2(model, tmp_path, bos_id=BOS, eos_id=EOS)
-    engine = ctranslate.CTranslate2Model(directory)
-    src = held_out(config)
-    mask = padding_mask(src, 0)
-    with torch.no_grad():
-        cache = model.start_cache(model.encode(src, mask), mask)
-        expected = model.project(model.decode_step(torch.full((len(src), 1), BOS), cache))
-    torch.testing.assert_close(engine.first_log_probs(src).log_softmax(dim=-1), expected[:, 0])
-    expected = greedy_decode(model, src, mask, max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
+    model, engine, src = exported_first_step(small_config(norm_first=norm_first).replace(final_norm=False),
+                                             tmp_path)
+    expected = greedy_decode(model, src, padding_mask(src, 0), max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
     assert_same_greedy(expected, engine.greedy(src, max_len=MAX_LEN))
 
 
