@@ -386,9 +386,15 @@ def programs_of(paths: list[Path], root: Path) -> set[str]:
     return {module_name(path, root) for path in paths if is_program(path)} - WORKERS
 
 
+@pytest.fixture(scope="module")
+def project_programs() -> set[str]:
+    """The project's commands, read once for every module's fence check."""
+    return programs_of(project_modules(), ROOT)
+
+
 @pytest.mark.parametrize("path", project_modules(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_fences_hold(path):
-    assert fence_violations(path, programs_of(project_modules(), ROOT)) == []
+def test_fences_hold(path, project_programs):
+    assert fence_violations(path, project_programs) == []
 
 
 @pytest.mark.parametrize(("where", "source", "complaint"), [
