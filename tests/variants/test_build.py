@@ -47,7 +47,8 @@ print(sorted(m for m in sys.modules if m.startswith("variants.check")))
 
 
 @pytest.mark.parametrize(("name", "loaded"), [
-    ("explicit", False), ("torch", False), ("tests.fixtures.outside.tutorial:Transformer", True),
+    ("explicit", False), pytest.param("torch", False, marks=pytest.mark.slow),  # a second registered row
+    ("tests.fixtures.outside.tutorial:Transformer", True),
 ], ids=["explicit", "torch", "outside"])
 def test_the_checker_loads_only_for_an_outside_class(name, loaded):
     """``import variants`` and building a registered variant leave the checker (variants/check/)

@@ -213,8 +213,10 @@ class CountingBar:
         pass
 
 
-@pytest.mark.parametrize("changes", [dict(), dict(control=False), dict(resolution=0.001, max_seconds=20.0)],
-                         ids=["control", "no control", "resolution"])
+@pytest.mark.parametrize("changes", [  # the two variations of the phases' count are slow
+    dict(), pytest.param(dict(control=False), marks=pytest.mark.slow),
+    pytest.param(dict(resolution=0.001, max_seconds=20.0), marks=pytest.mark.slow),
+], ids=["control", "no control", "resolution"])
 def test_the_progress_bar_counts_every_phase(monkeypatch, changes):
     """A short tiny run (two rows, decoding, the control unless not): the bar ends at its total,
     which counted every phase: the control's warm-up, and the rounds --resolution adds."""

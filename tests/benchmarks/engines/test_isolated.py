@@ -74,6 +74,7 @@ def test_a_call_after_the_child_is_gone_is_the_promised_runtime_error():
         closed.where()
 
 
+@pytest.mark.slow  # a child spun for CPU time; the calls' round trip is proved by default
 def test_a_child_s_cpu_time_is_read_as_this_run_s_own():
     """The cores' reading counts a child's CPU time as this process's, while it lives and after
     it has ended (so its work is not taken for another program's)."""
@@ -99,6 +100,7 @@ def test_a_process_cpu_time_is_read_from_its_stat(tmp_path):
     assert cpu_seconds(102, str(tmp_path)) == 0.0
 
 
+@pytest.mark.slow  # another child; the calls' round trip is proved by default
 def test_private_names_are_not_sent():
     served = Isolated(Served, "hello")
     try:
@@ -111,6 +113,7 @@ def test_private_names_are_not_sent():
 ctranslate = pytest.importorskip("seq2seq.deploy.ctranslate", reason="the deploy extra")
 
 
+@pytest.mark.slow  # a CTranslate2 child; the calls' round trip is proved by default
 def test_an_isolated_ctranslate2_leaves_this_process_threads_as_they_were(tmp_path):
     """CTranslate2 built and run in this process starts threads of its own here (its OpenMP
     team: what slows torch's rows afterwards); isolated, it starts none."""

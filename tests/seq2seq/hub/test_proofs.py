@@ -179,6 +179,7 @@ def test_translate_command_matches_hugging_face(checkpoint, beam, tmp_path, caps
     assert got == expected
 
 
+@pytest.mark.slow  # every family x every row: the rows' forwards are proved equal by default
 def test_every_row_translates_alike(checkpoint, variant, tmp_path, capsys):
     path = save(checkpoint.record, tmp_path / "model.pt")
     expected = translate_lines(path, tiny.SENTENCES, capsys, "--beam", "2")
