@@ -4,17 +4,14 @@ step): ``StaticGreedy``, from the logits or the log-probabilities, and ``StaticB
 
 from __future__ import annotations
 
-from collections import Counter
-
 import pytest
 import torch
 
-from common.random_batch import random_batch
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
-from tests.helpers import FLOAT64_TOL, small_config
-from variants import build
+from tests.helpers import FLOAT64_TOL
+from tests.seq2seq.search.test_banned_ids import ban_setting
 
 BOS, EOS = 1, 2
 MAX_LEN = 10
@@ -23,12 +20,8 @@ MAX_LEN = 10
 @pytest.fixture(scope="module")
 def setting():
     """A float64 fused model, a padded batch, and the two ids unbanned greedy decoding chooses most."""
-    config = small_config(dropout=0.0)
-    model = build("fused", config, seed=3).double().eval()
-    src, _, src_mask, _ = random_batch(config, 6, 5, 1).inputs()
-    tokens = greedy_decode(model, src, src_mask, max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
-    chosen = Counter(t for t in tokens[:, 1:].flatten().tolist() if t not in (EOS, config.pad_id))
-    return model, src, src_mask, tuple(sorted(token for token, _ in chosen.most_common(2)))
+    model, src, src_mask, _, banned = ban_setting("fused")
+    return model, src, src_mask, banned
 
 
 @pytest.mark.parametrize("from_logits", [True, False], ids=["logits", "log-probs"])

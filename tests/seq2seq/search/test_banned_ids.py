@@ -26,16 +26,21 @@ BOS, EOS = 1, 2
 MAX_LEN = 10
 
 
-@pytest.fixture(scope="module")
-def setting():
-    """A float64 explicit model, a padded batch, and two ids unbanned greedy decoding chooses."""
+def ban_setting(variant: str):
+    """A float64 ``variant`` model, a padded batch, its unbanned greedy tokens, and the two ids
+    unbanned greedy decoding chooses most (the ids a ban must change)."""
     config = small_config(dropout=0.0)
-    model = build("explicit", config, seed=3).double().eval()
+    model = build(variant, config, seed=3).double().eval()
     src, _, src_mask, _ = random_batch(config, 6, 5, 1).inputs()
     tokens = greedy_decode(model, src, src_mask, max_len=MAX_LEN, bos_id=BOS, eos_id=EOS)
     chosen = Counter(t for t in tokens[:, 1:].flatten().tolist() if t not in (EOS, config.pad_id))
     banned = tuple(sorted(token for token, _ in chosen.most_common(2)))
     return model, src, src_mask, tokens, banned
+
+
+@pytest.fixture(scope="module")
+def setting():
+    return ban_setting("explicit")
 
 
 def without_ids(model, banned):
