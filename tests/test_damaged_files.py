@@ -189,6 +189,8 @@ CASES = [
     *(Case("benchmarks.studies.scaling", option, WRITE, lambda p, g, option=option: [option, str(p)],
            name=f"damaged.{suffix}") for option, suffix in (("--json", "json"), ("--markdown", "md"),
                                                             ("--plot", "png"))),
+    Case("benchmarks.studies.scaling", "--reread", READ, lambda p, g: ["--reread", str(p)], kind="json",
+         name="damaged-scaling.json"),
     Case("scripts.pictures", "--translation", READ,
          lambda p, g: ["--out", str(g / "pictures"), "--translation", str(p), "--sentences", "Hello."]),
     Case("scripts.pictures", "--out", FOLDER_WRITE, lambda p, g: ["--out", str(p)], name="damaged-pictures"),

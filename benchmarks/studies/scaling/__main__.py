@@ -2,6 +2,7 @@
 
     python -m benchmarks.studies.scaling --preset tiny
     python -m benchmarks.studies.scaling --json scaling.json --markdown scaling.md --plot scaling.png
+    python -m benchmarks.studies.scaling --reread scaling.json --markdown again.md   # no timing
 
 For every row (built through variants.build from one seed, the reference's weights transferred)
 it times the forward (eval, no_grad) and the train step (forward, NLL, backward) at S = 32, 64,
@@ -16,12 +17,15 @@ size in a fresh shuffled order each round; the exponent k of time ∝ S^k is the
 slope over every round's time at the top ``--fit-octaves`` octaves, with its 95% interval. Peak
 memory is measured (profiler, as compare.py) and predicted from the tensors' shapes
 (``analysis.predicted_peak``); the wall is the S at which the prediction reaches ``--wall-gib``.
-The picture needs matplotlib (``pip install -e ".[plot]"``).
+``--reread`` reads a run's JSON and makes its fits, predictions and walls again with the
+analysis as it stands, its times and measured peaks as they were. The picture needs matplotlib
+(``pip install -e ".[plot]"``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import sys
 from statistics import median
@@ -32,6 +36,7 @@ from tabulate import tabulate
 from tqdm import tqdm
 
 from benchmarks.compare.machine import settle_threads
+from benchmarks.compare.measured import Cell
 from benchmarks.compare.plot import matplotlib_problem, path_problem
 from benchmarks.compare.workload import TIMING_PRESETS
 from benchmarks.studies.scaling import analysis
@@ -39,6 +44,7 @@ from benchmarks.studies.scaling.sweep import (
     PHASES,
     SWEEPS,
     ScalingSettings,
+    SizeResult,
     build_rows,
     core_kind,
     decode_scan,
@@ -47,7 +53,7 @@ from benchmarks.studies.scaling.sweep import (
 )
 from common.cli import Parser, positive, seed_int
 from common.config import TransformerConfig
-from common.files import FileError, check_output
+from common.files import FileError, check_output, read_json
 from variants import VARIANTS
 
 DEFAULT_THREADS = 2  # on an idle machine; fewer cores found free give fewer
@@ -71,21 +77,25 @@ class Preset(NamedTuple):
 
 PRESETS = {
     "tiny": Preset(TIMING_PRESETS["tiny"].fields, 64, 128, 2, 32, 2, 16, 2, 0.002),
-    "base": Preset(TIMING_PRESETS["base"].fields, 2048, 4096, 2, 512, 8, 64, 3, 0.1),
+    "base": Preset(TIMING_PRESETS["base"].fields, 2048, 1024, 1, 256, 8, 64, 2, 0.1),  # ~40 min on 2 cores
 }
 
 
 def parse(argv: list[str] | None) -> tuple[Parser, object]:
     parser = Parser(prog="python -m benchmarks.studies.scaling", description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=list(PRESETS), default="base")
-    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--preset", choices=list(PRESETS), default="base",
+                        help="the model and the defaults below (tiny: seconds; base: about 40 minutes "
+                             "on 2 cores)")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS), help="the rows")
     parser.add_argument("--max-len", type=positive(int), help=f"the longest S, at least {SMALLEST}")
     parser.add_argument("--tokens", type=positive(int), help="tokens per batch, fixed-tokens sweep")
     parser.add_argument("--batch", type=positive(int), help="the fixed-batch sweep's batch")
     parser.add_argument("--decode-len", type=positive(int),
                         help=f"the longest cache length, at least {FIRST_DECODE}")
-    parser.add_argument("--decode-batch", type=positive(int))
-    parser.add_argument("--rounds", type=positive(int))
+    parser.add_argument("--decode-batch", type=positive(int),
+                        help="sources decoded at once in the decode scan")
+    parser.add_argument("--rounds", type=positive(int),
+                        help="rounds of every cell, in a fresh shuffled order each")
     parser.add_argument("--seconds", type=positive(float), help="each cell's timed block per round")
     parser.add_argument("--fit-octaves", type=positive(int), default=2,
                         help="the exponent is fitted over the sizes within this many octaves of the largest")
@@ -95,11 +105,13 @@ def parse(argv: list[str] | None) -> tuple[Parser, object]:
                         help="a step whose predicted peak passes this is not run (default 16)")
     parser.add_argument("--threads", type=positive(int),
                         help="CPU threads (default 2, fewer when other processes hold cores)")
-    parser.add_argument("--seed", type=seed_int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0, help="weights, batches and round orders")
     parser.add_argument("--json", help="write the measurements and fits here")
     parser.add_argument("--markdown", help="write the tables here")
     parser.add_argument("--plot", help="write the log-log picture here (.png)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--reread", metavar="JSON",
+                        help="time nothing: analyse this run's --json again (its preset, lengths and rounds)")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
     for name in ("max_len", "tokens", "batch", "decode_len", "decode_batch", "rounds", "seconds"):
@@ -121,6 +133,12 @@ def parse(argv: list[str] | None) -> tuple[Parser, object]:
     problem = args.plot and (path_problem(args.plot) or matplotlib_problem())
     if problem:
         parser.error(problem)
+    if args.reread:
+        try:
+            args.recorded = read_json(args.reread, dict, "a scaling study's --json")
+            check_output(args.json, inputs=[args.reread]) if args.json else None
+        except FileError as error:
+            parser.error(str(error))
     return parser, args
 
 
@@ -133,6 +151,8 @@ def doublings(first: int, last: int) -> tuple[int, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     parser, args = parse(argv)
+    if args.reread:
+        return reread(parser, args)
     preset = PRESETS[args.preset]
     lengths, decode_lengths = doublings(SMALLEST, args.max_len), doublings(FIRST_DECODE, args.decode_len)
     longest = max(lengths[-1], decode_lengths[-1] + 1, preset.decode_src)
@@ -146,30 +166,81 @@ def main(argv: list[str] | None = None) -> int:
                                choice.threads, args.seed, args.skip_gib * 2**30)
     rows = build_rows(settings)
     sizes = list(plan(settings))
+    meta = {"preset": args.preset, "threads": choice.threads, "torch": torch.__version__,
+            "machine": platform.machine(), "rounds": settings.rounds,
+            "seconds_per_block": settings.min_run_time,
+            "fit_octaves": args.fit_octaves, "wall_gib": args.wall_gib, "threads_note": choice.line}
+    measured, decoding = [], {}
     with tqdm(total=(len(sizes) + 1) * settings.rounds, disable=args.no_progress, unit="round",
               dynamic_ncols=True) as bar:
         def tick(description: str) -> None:
             bar.set_description_str(description)
             bar.update()
-        measured = [measure_size(settings, rows, sweep, length, batch, tick)
-                    for sweep, length, batch in sizes]
+        for sweep, length, batch in sizes:  # each finished size is written at once: a long run keeps its part
+            measured.append(measure_size(settings, rows, sweep, length, batch, tick))
+            write(summarise(settings, measured, decoding, args), meta, args, finished=False)
         decoding = decode_scan(settings, rows, tick)
-    report = summarise(settings, measured, decoding, args)
-    report["meta"] = {"preset": args.preset, "threads": choice.threads, "torch": torch.__version__,
-                      "machine": platform.machine(), "rounds": settings.rounds,
-                      "seconds_per_block": settings.min_run_time,
-                      "fit_octaves": args.fit_octaves, "wall_gib": args.wall_gib, "threads_note": choice.line}
-    text = markdown(report)
+    text = write(summarise(settings, measured, decoding, args), meta, args, finished=True)
     print(text)
+    if args.plot:
+        picture(summarise(settings, measured, decoding, args), args.plot)
+    return 0
+
+
+def reread(parser: Parser, args) -> int:
+    """``--reread``: the recorded run's sizes and decode scan, analysed again (its settings from
+    its meta and sizes); the tables printed and written as a run writes them."""
+    recorded = args.recorded
+    try:
+        meta = recorded["meta"]
+        preset = PRESETS[meta["preset"]]
+        sizes = recorded["sizes"]
+        lengths = tuple(sorted({size["length"] for size in sizes}))
+        batch = next(size["batch"] for size in sizes if size["sweep"] == "batch")
+        tokens = max(size["batch"] * size["length"] for size in sizes if size["sweep"] == "tokens")
+        decoding = {d["row"]: {} for d in recorded["decode"]}
+        for d in recorded["decode"]:
+            decoding[d["row"]][d["mode"]] = {int(n): ts for n, ts in d["rounds_s"].items()}
+        rows = tuple(dict.fromkeys(key.split("/")[0] for size in sizes for key in size["cells"]
+                                   if not key.startswith("core:")))
+        decode_lengths = tuple(sorted({n for modes in decoding.values() for by_length in modes.values()
+                                       for n in by_length}))
+        longest = max(lengths[-1], decode_lengths[-1] + 1 if decode_lengths else 0, preset.decode_src)
+        config = TransformerConfig(**{**preset.fields, "max_seq_len": longest})
+        settings = ScalingSettings(config, rows, lengths, tokens, batch, decode_lengths, 0, preset.decode_src,
+                                   meta["rounds"], meta["seconds_per_block"], meta["threads"], args.seed, math.inf)
+        measured = [recorded_size(size) for size in sizes]
+    except (KeyError, TypeError, ValueError, StopIteration, AttributeError) as error:
+        parser.error(f"{args.reread}: not a scaling study's --json ({type(error).__name__}: {error})")
+    args.fit_octaves, args.wall_gib = meta["fit_octaves"], meta["wall_gib"]
+    report = summarise(settings, measured, decoding, args)
+    text = write(report, {**meta, "reread": args.reread}, args, finished=bool(meta.get("finished", True)))
+    print(text)
+    if args.plot:
+        picture(report, args.plot)
+    return 0
+
+
+def recorded_size(size: dict) -> SizeResult:
+    """One size of a recorded run as ``measure_size`` returned it."""
+    cells = {key: Cell(rounds=list(cell["rounds_s"]), error=cell["error"])
+             for key, cell in size["cells"].items()}
+    peaks = {key: cell["peak_bytes"] for key, cell in size["cells"].items() if cell.get("peak_bytes")}
+    return SizeResult(size["sweep"], size["length"], size["batch"], cells, peaks, dict(size["skipped"]))
+
+
+def write(report: dict, meta: dict, args, finished: bool) -> str:
+    """Write the JSON and the tables as they stand (``finished`` False: the sizes so far, no
+    decode scan yet, and the first line says so); return the tables."""
+    report["meta"] = {**meta, "finished": finished}
+    text = markdown(report)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump(report, out, indent=1)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as out:
             out.write(text + "\n")
-    if args.plot:
-        picture(report, args.plot)
-    return 0
+    return text
 
 
 def summarise(settings: ScalingSettings, measured: list, decoding: dict, args) -> dict:
@@ -226,7 +297,10 @@ def interval(exponent: dict | None) -> str:
 
 def markdown(report: dict) -> str:
     """The three tables: the fits, every size, the decode scan."""
-    meta_line = ", ".join(f"{k} {v}" for k, v in report.get("meta", {}).items() if v is not None)
+    meta = report.get("meta", {})
+    meta_line = ", ".join(f"{k} {v}" for k, v in meta.items() if v is not None and k != "finished")
+    if meta.get("finished") is False:
+        meta_line += " (unfinished: the sizes measured so far, no decode scan yet)"
     fits = [[f["sweep"], f["row"], f["phase"], interval(f["exponent"]),
              f"{f['attention_half_at']:.0f}" if f["attention_half_at"] else "not reached",
              f["wall_length"] or "beyond 2^24"] for f in report["fits"]]

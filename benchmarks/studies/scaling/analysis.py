@@ -120,21 +120,29 @@ FORWARD_VOCAB, TRAIN_VOCAB = 2, 3
 
 @dataclass(frozen=True)
 class PeakBytes:
-    """A row's predicted peak memory for one step, in its parts."""
+    """A row's predicted peak memory for one step, in its parts. The activations (scores, masks,
+    tokens, vocab) peak as the backward starts, the gradients as it ends, when the activations
+    are freed: the step's peak is the larger of the two stages, over the weights."""
 
     weights: int  # parameters and buffers (compare.py's peaks include them too)
     scores: int  # the (B, H, S, S) tensors: the quadratic term
     masks: int  # the (B, 1, S, S) masks: quadratic too, without the heads
     tokens: int  # per-token activations: linear in B x S
     vocab: int  # the generator's (B, T, V) tensors
+    gradients: int = 0  # train: a float32 gradient per parameter, shaped like it; forward: none
+
+    @property
+    def activations(self) -> int:
+        return self.scores + self.masks + self.tokens + self.vocab
 
     @property
     def total(self) -> int:
-        return self.weights + self.scores + self.masks + self.tokens + self.vocab
+        return self.weights + max(self.activations, self.gradients)
 
     def as_dict(self) -> dict:
         return {"weights": self.weights, "scores": self.scores, "masks": self.masks,
-                "tokens": self.tokens, "vocab": self.vocab, "total": self.total}
+                "tokens": self.tokens, "vocab": self.vocab, "gradients": self.gradients,
+                "total": self.total}
 
 
 def weight_bytes(config: TransformerConfig) -> int:
@@ -182,7 +190,9 @@ def predicted_peak(config: TransformerConfig, row: str, phase: str, batch: float
         masks = TRAIN_MASK_BYTES_PER_LAYER * n * pairs
         tokens = n * b * s * (TRAIN_PER_TOKEN_PER_LAYER[0] * d + TRAIN_PER_TOKEN_PER_LAYER[1] * f) * FLOAT
         vocab = TRAIN_VOCAB * b * s * v * FLOAT
-    return PeakBytes(weight_bytes(config), round(scores), round(masks), round(tokens), round(vocab))
+    gradients = weight_bytes(config) if phase == "train" else 0
+    return PeakBytes(weight_bytes(config), round(scores), round(masks), round(tokens), round(vocab),
+                     gradients)
 
 
 def memory_wall(predict: Callable[[int], float], limit: float, start: int = 1,

@@ -4,12 +4,15 @@ wall; and its command's refusals before any work."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from benchmarks.compare.measured import Cell
 from benchmarks.compare.memory import profile_step
 from benchmarks.compare.steps import forward_backward, forward_step
 from benchmarks.studies.scaling import __main__ as scaling
@@ -21,6 +24,7 @@ from benchmarks.studies.scaling.analysis import (
     score_bytes,
     top_octaves,
 )
+from benchmarks.studies.scaling.sweep import PHASES, ScalingSettings, SizeResult
 from common.config import TransformerConfig
 from common.random_batch import random_batch
 from variants import VARIANTS, build
@@ -94,7 +98,23 @@ def test_the_predicted_peak_matches_the_profiler_within_its_approximate_part(nam
     predicted = predicted_peak(TINY, name, phase, 1, 128)
     approximate = predicted.tokens + predicted.vocab
     assert approximate < 0.2 * predicted.total
+    assert predicted.activations > predicted.gradients  # at this length the activations' stage is the peak
     assert abs(predicted.total - predicted.weights - measured) <= approximate
+
+
+@pytest.mark.parametrize("name", ["explicit", "fused"])
+def test_a_short_train_steps_peak_is_its_gradients(name):
+    """At a few tokens the activations are small, and the train step's peak is its end: a
+    gradient per parameter, counted here from the built model, not from the prediction's sums."""
+    config = TransformerConfig(d_model=32, n_heads=2, n_layers=1, d_ff=256, src_vocab_size=500,
+                               tgt_vocab_size=500, max_seq_len=16)  # weights far above 4 tokens' activations
+    model = build(name, config, seed=0).train()
+    gradients = 4 * sum(p.numel() for p in model.parameters())  # float32, by hand
+    measured, _ = profile_step("cpu", forward_backward(model, random_batch(config, 1, 4, 4, seed=0)))
+    predicted = predicted_peak(config, name, "train", 1, 4)
+    assert predicted.gradients == gradients
+    assert predicted.total == predicted.weights + gradients
+    assert gradients <= measured <= gradients + predicted.activations
 
 
 def test_the_prediction_grows_with_the_length_and_has_the_counted_quadratic_term():
@@ -145,3 +165,39 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_timing(tmp_path,
         assert stop.value.code == 2
         err = capsys.readouterr().err
         assert str(blocker) in err and err.count("\n") == 1
+
+
+def test_a_run_reread_gives_its_own_tables_with_the_predictions_made_again(tmp_path, capsys):
+    """--reread times nothing: a recorded run (made here by hand, its predictions spoilt) comes
+    back with the fits and walls the run printed and the predictions the analysis makes now."""
+    config = TransformerConfig(**{**scaling.PRESETS["tiny"].fields, "max_seq_len": 64})
+    rows = ("explicit", "fused")
+    settings = ScalingSettings(config, rows, (32, 64), 128, 2, (16,), 2, 16, 2, 0.002, 1, 0, math.inf)
+    rng = np.random.default_rng(0)
+
+    def size(sweep: str, length: int, batch: int) -> SizeResult:
+        keys = [f"{row}/{phase}" for row in rows for phase in PHASES]
+        keys += [f"core:{kind}/{phase}" for kind in ("materialised", "sdpa") for phase in PHASES]
+        cells = {key: Cell(rounds=list(rng.uniform(1e-3, 2e-3, 2) * length)) for key in keys}
+        return SizeResult(sweep, length, batch, cells, {key: 10**6 for key in keys if ":" not in key}, {})
+
+    measured = [size("tokens", 32, 4), size("tokens", 64, 2), size("batch", 32, 2), size("batch", 64, 2)]
+    decoding = {row: {"cached": {16: [1e-3, 1.1e-3]}, "recompute": {16: [2e-3, 2.2e-3]}} for row in rows}
+    options = argparse.Namespace(fit_octaves=2, wall_gib=24.0)
+    meta = {"preset": "tiny", "threads": 1, "rounds": 2, "seconds_per_block": 0.002, "fit_octaves": 2,
+            "wall_gib": 24.0, "finished": True}
+    report = {**scaling.summarise(settings, measured, decoding, options), "meta": meta}
+    expected = scaling.markdown(report).split("\n\n", 1)[1]
+    for recorded in report["sizes"]:
+        for cell in recorded["cells"].values():
+            if "predicted" in cell:
+                cell["predicted"] = {"total": 1}  # as an older analysis might have predicted
+    for fit in report["fits"]:
+        fit["wall_length"] = 1
+    path, out = tmp_path / "run.json", tmp_path / "again.md"
+    path.write_text(json.dumps(report), encoding="utf-8")
+    assert scaling.main(["--reread", str(path), "--markdown", str(out)]) == 0
+    again = out.read_text(encoding="utf-8")
+    assert again.split("\n\n", 1)[1] == expected + "\n"
+    assert f"reread {path}" in again.splitlines()[0]
+    assert "predicted MiB" in again and "| 0.0 " not in again
