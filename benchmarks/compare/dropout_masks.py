@@ -20,8 +20,6 @@ from functools import partial
 
 import torch
 from torch import Tensor
-from torch._inductor.compile_fx import compile_fx
-from torch._inductor.decomposition import select_decomp_table
 
 aten = torch.ops.aten
 KEEP_MASK_OP = "transformer_suite::keep_mask"  # the name the profiler and the graphs show
@@ -56,6 +54,11 @@ def inductor_with_aten_masks(options: dict) -> Callable:
     ``torch.compile(options=...)`` takes them) and dropout's masks from ``keep_mask``."""
 
     def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        # inductor is imported at the first compile, not with compare.py's engine: importing it
+        # takes about 2 s, which every fresh process of a run would pay without compiling
+        from torch._inductor.compile_fx import compile_fx
+        from torch._inductor.decomposition import select_decomp_table
+
         table = select_decomp_table()
         default = table[aten.native_dropout.default]
         decompositions = {**table, aten.native_dropout.default: partial(native_dropout, default)}

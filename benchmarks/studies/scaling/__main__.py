@@ -208,7 +208,8 @@ def reread(parser: Parser, args) -> int:
         longest = max(lengths[-1], decode_lengths[-1] + 1 if decode_lengths else 0, preset.decode_src)
         config = TransformerConfig(**{**preset.fields, "max_seq_len": longest})
         settings = ScalingSettings(config, rows, lengths, tokens, batch, decode_lengths, 0, preset.decode_src,
-                                   meta["rounds"], meta["seconds_per_block"], meta["threads"], args.seed, math.inf)
+                                   meta["rounds"], meta["seconds_per_block"], meta["threads"], args.seed,
+                                   math.inf)
         measured = [recorded_size(size) for size in sizes]
     except (KeyError, TypeError, ValueError, StopIteration, AttributeError) as error:
         parser.error(f"{args.reread}: not a scaling study's --json ({type(error).__name__}: {error})")
