@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import IO
 
 from tqdm import tqdm
@@ -46,58 +47,93 @@ MEASURED_SUFFIXES = ("_ms", "_iqr_ms", "_tokens_per_s", "_gflops", "_pct_peak", 
 WORKER = ("-m", "benchmarks.compare.processes")
 # the line a process writes to its stderr as each phase of its run ends (its other lines are its own)
 PHASE_DONE = "benchmarks.compare.processes: phase done"
+# the line it writes once its last round is timed: what it does after (the first's peak memory,
+# its report) times nothing, so the next process's interpreter may start and import meanwhile
+TIMED = "benchmarks.compare.processes: timing done"
 
 
 def run_processes(settings: Settings, progress: Callable[..., tqdm] = tqdm) -> dict:
     """``settings`` measured in ``settings.processes`` fresh interpreters, one after another;
-    the pooled report. Peak memory and cache bytes, the same in every process, are measured in
-    the first alone (about 4 s a process on the small preset). One bar, made by ``progress``
-    (tqdm's arguments) and shown unless ``settings.show_progress`` is off, counts every
-    process's phases and is gone when they end. A process that fails raises RuntimeError with
-    its last line of stderr (``failure``)."""
+    the pooled report. Peak memory and cache bytes, the same in every process, the log-prob check
+    and the matmul peak, which the pooled report takes from the first, are measured in the first
+    alone (``Settings.measure_shared``). One bar, made by ``progress`` (tqdm's arguments) and
+    shown unless ``settings.show_progress`` is off, counts every process's phases and is gone
+    when they end. A process that fails raises RuntimeError with its last line of stderr
+    (``failure``)."""
     each = [settings_of(settings, index) for index in range(settings.processes)]
     reports = []
+    started: list[subprocess.Popen] = [start_process()]  # the current process, then the next
     with progress(total=sum(total_phases(one) for one in each), disable=not settings.show_progress,
                   unit="phase", leave=False, dynamic_ncols=True) as bar:
-        for index, one in enumerate(each):
-            bar.set_description_str(f"process {index + 1} of {len(each)}")
-            returncode, out, last = run_one(one, bar)
-            if returncode != 0:
-                raise RuntimeError(f"process {index + 1} of {len(each)} failed: {failure(returncode, last)}")
-            reports.append(json.loads(out))
+        try:
+            for index, one in enumerate(each):
+                bar.set_description_str(f"process {index + 1} of {len(each)}")
+
+                def start_next(index: int = index) -> None:  # its timing is over: the next imports
+                    if index + 1 < len(each) and len(started) == 1:
+                        started.append(start_process())
+                returncode, out, last = run_one(started[0], one, bar, on_timed=start_next)
+                if returncode != 0:
+                    raise RuntimeError(f"process {index + 1} of {len(each)} failed: "
+                                       f"{failure(returncode, last)}")
+                reports.append(json.loads(out))
+                started.pop(0)
+                if not started and index + 1 < len(each):
+                    started.append(start_process())
+        finally:
+            for child in started:  # one started ahead and never handed its settings
+                stop(child)
     return pool(reports)
+
+
+def start_process() -> subprocess.Popen:
+    """A fresh interpreter running the worker: it imports, then waits for its settings on stdin."""
+    return subprocess.Popen([sys.executable, *WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+
+
+def stop(child: subprocess.Popen) -> None:
+    """End ``child`` if it still runs, and close its pipes."""
+    if child.poll() is None:
+        child.kill()
+    child.wait()
+    for pipe in (child.stdin, child.stdout, child.stderr):
+        with contextlib.suppress(OSError):
+            pipe.close()
 
 
 def settings_of(settings: Settings, index: int) -> Settings:
     """What process ``index`` of ``run_processes`` runs: one process, its rounds' orders seeded by
-    its index, no bar of its own, memory measured in the first alone."""
+    its index, no bar of its own, what the pooled report keeps of the first (``measure_shared``:
+    peak memory, the log-prob check, the matmul peak) measured in the first alone."""
     return dataclasses.replace(settings, order_seed=index, processes=1, show_progress=False,
-                               measure_memory=settings.measure_memory and index == 0)
+                               measure_shared=settings.measure_shared and index == 0)
 
 
-def run_one(settings: Settings, bar: tqdm) -> tuple[int, bytes, str]:
-    """One fresh process running ``settings``: each ``PHASE_DONE`` line of its stderr counted on
-    ``bar`` while its stdout is read apart; its exit status, stdout, and last other line of stderr
-    ("" if none)."""
-    with subprocess.Popen([sys.executable, *WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE) as child:
-        out: list[bytes] = []
-        feeding = threading.Thread(target=feed_and_read, daemon=True,
-                                   args=(child.stdin, pickle.dumps(settings), child.stdout, out))
+def run_one(child: subprocess.Popen, settings: Settings, bar: tqdm,
+            on_timed: Callable[[], None] = lambda: None) -> tuple[int, bytes, str]:
+    """``child``, a fresh process (``start_process``), handed ``settings``: each ``PHASE_DONE``
+    line of its stderr counted on ``bar`` and ``on_timed`` called at its ``TIMED`` line, while
+    its stdout is read apart; its exit status, stdout, and last other line of stderr ("" if
+    none). The child is ended and its pipes closed on return, or on any exception."""
+    out: list[bytes] = []
+    feeding = threading.Thread(target=feed_and_read, daemon=True,
+                               args=(child.stdin, pickle.dumps(settings), child.stdout, out))
+    last = ""
+    try:
         feeding.start()
-        last = ""
-        try:
-            for raw in child.stderr:
-                line = raw.decode(errors="replace").rstrip()
-                if line == PHASE_DONE:
-                    bar.update()
-                elif line:
-                    last = line
-            feeding.join()
-            returncode = child.wait()
-        except BaseException:  # the parent interrupted: the child does not outlive it
-            child.kill()
-            raise
+        for raw in child.stderr:
+            line = raw.decode(errors="replace").rstrip()
+            if line == PHASE_DONE:
+                bar.update()
+            elif line == TIMED:
+                on_timed()
+            elif line:
+                last = line
+        feeding.join()
+        returncode = child.wait()
+    finally:  # the parent interrupted: the child does not outlive it
+        stop(child)
     return returncode, b"".join(out), last
 
 
@@ -189,13 +225,14 @@ def main() -> int:
     """One process of ``run_processes``: pickled settings on stdin, the JSON report on stdout,
     a ``PHASE_DONE`` line on stderr as each phase ends."""
     settings = pickle.load(sys.stdin.buffer)
-    sys.stdout.write(json.dumps(run(settings, on_phase=phase_done)))
+    sys.stdout.write(json.dumps(run(settings, on_phase=partial(tell, PHASE_DONE),
+                                    on_timed=partial(tell, TIMED))))
     return 0
 
 
-def phase_done() -> None:
-    """Tell the parent that a phase has ended."""
-    sys.stderr.write(PHASE_DONE + "\n")
+def tell(line: str) -> None:
+    """Tell the parent ``line`` (``PHASE_DONE``, ``TIMED``) on a line of stderr."""
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
 

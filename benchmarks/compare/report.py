@@ -55,7 +55,7 @@ def meta(settings: Settings, allocator: str, cores_during: dict | None = None) -
             "command": s.command}
 
 
-def block_result(device: str, dtype_name: str, shape: Shape, peak: Peak, rows: list[dict], *,
+def block_result(device: str, dtype_name: str, shape: Shape, peak: Peak | None, rows: list[dict], *,
                  float32_matmul_precision: str, small_shape_warning: str | None = None,
                  rounds: dict | None = None, control: dict | None = None, seed: int = 0) -> dict:
     """One block: where and what it ran, its matmul peak (the best GEMM shape, its spread, its
@@ -64,12 +64,7 @@ def block_result(device: str, dtype_name: str, shape: Shape, peak: Peak, rows: l
     result per timed row and the control's (torch timed again as a row of its own), every
     ratio paired by round (``add_ratios``)."""
     block = {"device": device, "dtype": dtype_name, "batch": shape.batch, "src_len": shape.src_len,
-             "tgt_len": shape.tgt_len, "matmul_peak_gflops": peak.flops_per_second / 1e9,
-             "matmul_peak_iqr_gflops": peak.iqr_flops_per_second / 1e9,
-             "matmul_peak_rounds_gflops": [flops / 1e9 for flops in peak.rounds],
-             "matmul_peak_shape": "x".join(map(str, peak.shape)),
-             "matmul_peak_by_shape_gflops": {"x".join(map(str, gemm)): flops / 1e9
-                                             for gemm, flops in peak.by_shape.items()},
+             "tgt_len": shape.tgt_len, **matmul_peak_fields(peak),
              "float32_matmul_precision": float32_matmul_precision,
              "small_shape_warning": small_shape_warning, "rounds": rounds or {},
              "rows": rows, "control": control}
@@ -77,7 +72,21 @@ def block_result(device: str, dtype_name: str, shape: Shape, peak: Peak, rows: l
     return block
 
 
-def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float) -> dict:
+def matmul_peak_fields(peak: Peak | None) -> dict:
+    """The block's matmul peak fields; None each where the peak was not measured (a process
+    after the first of several: the pooled report keeps the first's)."""
+    if peak is None:
+        return dict.fromkeys(("matmul_peak_gflops", "matmul_peak_iqr_gflops", "matmul_peak_rounds_gflops",
+                              "matmul_peak_shape", "matmul_peak_by_shape_gflops"))
+    return {"matmul_peak_gflops": peak.flops_per_second / 1e9,
+            "matmul_peak_iqr_gflops": peak.iqr_flops_per_second / 1e9,
+            "matmul_peak_rounds_gflops": [flops / 1e9 for flops in peak.rounds],
+            "matmul_peak_shape": "x".join(map(str, peak.shape)),
+            "matmul_peak_by_shape_gflops": {"x".join(map(str, gemm)): flops / 1e9
+                                            for gemm, flops in peak.by_shape.items()}}
+
+
+def row_result(row: Row, settings: Settings, shape: Shape, peak_flops: float | None) -> dict:
     """One variant's columns: per mode its error, time, rates, peak memory and each round's
     time (``{mode}_rounds_s``: seconds per step, per generated id for decoding), from which
     ``add_ratios`` makes the ratios; then the correctness check, compile time, whether the
@@ -192,13 +201,15 @@ def resolved(row: dict, key: str, control: dict | None) -> bool:
     return True
 
 
-def speed(mode: str, cell: Cell, flops: int, peak_flops: float) -> dict:
-    """A timed mode's median and IQR in ms, its GFLOP/s and its share of the matmul peak."""
+def speed(mode: str, cell: Cell, flops: int, peak_flops: float | None) -> dict:
+    """A timed mode's median and IQR in ms, its GFLOP/s and its share of the matmul peak (None
+    where the peak was not measured)."""
     seconds = cell.seconds
     if not seconds:
         return dict.fromkeys((f"{mode}_ms", f"{mode}_iqr_ms", f"{mode}_gflops", f"{mode}_pct_peak"))
+    share = 100 * flops / seconds / peak_flops if peak_flops else None
     return {f"{mode}_ms": seconds * 1e3, f"{mode}_iqr_ms": cell.measurement.iqr * 1e3,
-            f"{mode}_gflops": flops / seconds / 1e9, f"{mode}_pct_peak": 100 * flops / seconds / peak_flops}
+            f"{mode}_gflops": flops / seconds / 1e9, f"{mode}_pct_peak": share}
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -78,10 +78,12 @@ class Block:
                f"T={self.shape.tgt_len}"
 
 
-def run(settings: Settings, on_phase: Callable[[], None] | None = None) -> dict:
+def run(settings: Settings, on_phase: Callable[[], None] | None = None,
+        on_timed: Callable[[], None] = lambda: None) -> dict:
     """Measure every (device, dtype, shape) block of ``settings``; return the report.
     ``on_phase``, if given, is called as each phase the progress bar counts ends (whether or not
-    the bar is shown): how a process of ``run_processes`` tells its parent."""
+    the bar is shown), and ``on_timed`` once the last block's last round is timed: how a process
+    of ``run_processes`` tells its parent."""
     deadline = perf_counter() + settings.max_seconds  # --resolution's cap on adding rounds
     plan = list(itertools.product(settings.devices, settings.dtypes, settings.shapes))
     with configured_process(settings) as allocator, \
@@ -90,8 +92,9 @@ def run(settings: Settings, on_phase: Callable[[], None] | None = None) -> dict:
         if on_phase is not None:
             tell_each_phase(bar, on_phase)
         started = read_sample()  # others' use of the cores across the run, against the one before
-        blocks = [run_block(settings, device, dtype_name, shape, bar, deadline)
-                  for device, dtype_name, shape in plan]
+        blocks = [run_block(settings, device, dtype_name, shape, bar, deadline,
+                            on_timed if index == len(plan) - 1 else lambda: None)
+                  for index, (device, dtype_name, shape) in enumerate(plan)]
         cores = during(started, read_sample(), settings.threads)
     return {"meta": meta(settings, allocator, cores), "blocks": blocks}
 
@@ -119,12 +122,12 @@ def total_phases(settings: Settings) -> int:
 
 def block_phases(settings: Settings, device: str, dtype_name: str) -> int:
     """How many phases ``run_block`` counts on the progress bar for one block: the log-prob
-    check, a warm-up per timed row (the control's too), the engines' export where they join,
-    every mode of every round (``--resolution`` adds its further rounds as they start), the peak
-    memory where it is measured."""
+    check and the peak memory where they are measured (``measure_shared``), a warm-up per timed
+    row (the control's too), the engines' export where they join, every mode of every round
+    (``--resolution`` adds its further rounds as they start)."""
     timed = len(settings.variants) + int(settings.control and REFERENCE in settings.variants)
     exports = int(engines_join(settings, device, dtype_name))
-    return 1 + timed + exports + settings.rounds * len(settings.modes) + int(settings.measure_memory)
+    return 2 * int(settings.measure_shared) + timed + exports + settings.rounds * len(settings.modes)
 
 
 def engines_join(settings: Settings, device: str, dtype_name: str) -> bool:
@@ -134,15 +137,18 @@ def engines_join(settings: Settings, device: str, dtype_name: str) -> bool:
 
 
 def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, bar: tqdm,
-              deadline: float = math.inf) -> dict:
-    """One block, in its phases: build, check, warm up, time, measure memory, report."""
+              deadline: float = math.inf, on_timed: Callable[[], None] = lambda: None) -> dict:
+    """One block, in its phases: build, check, warm up, time (then ``on_timed``), measure
+    memory, report."""
     batch = random_batch(settings.config, *shape, seed=settings.seed, device=device)
     autocast = autocast_region(device, DTYPES[dtype_name], settings.autocast)
     block = Block(device, dtype_name, shape, batch, autocast)
     rows = build_rows(settings, block)
     timed = [row for row in rows if row.variant in settings.variants or row.variant == CONTROL]
-    with phase(bar, f"{block.where}: log-probs against {REFERENCE}"):
-        reference_logp = check_log_probs(rows, block)
+    reference_logp = None
+    if settings.measure_shared:
+        with phase(bar, f"{block.where}: log-probs against {REFERENCE}"):
+            reference_logp = check_log_probs(rows, block)
     for row in timed:
         with phase(bar, f"{block.where}: {row.variant}: "
                         + ("compiling and warming up" if settings.compile else "warming up")):
@@ -152,10 +158,11 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
     with tempfile.TemporaryDirectory(prefix="compare-engines-") as exported:
         engines = build_engine_rows(settings, block, reference, exported, bar)
         peak, rounds = time_rounds(timed + engines, settings, block, bar, deadline)
-    if settings.measure_memory:
+    on_timed()
+    if settings.measure_shared:
         with phase(bar, f"{block.where}: peak memory"):
             measure_memory([row for row in timed if row.variant != CONTROL], block)
-    results = [row_result(row, settings, shape, peak.flops_per_second) for row in timed + engines]
+    results = [row_result(row, settings, shape, peak and peak.flops_per_second) for row in timed + engines]
     control = next((result for result in results if result["variant"] == CONTROL), None)
     for row in rows:  # free this block's models before the next block
         row.model.to("cpu")
@@ -249,10 +256,14 @@ def check_log_probs(rows: list[Row], block: Block) -> Tensor | None:
 
 
 def prepare(row: Row, settings: Settings, block: Block, reference_logp: Tensor | None) -> None:
-    """Build the row's steps, warm them up and keep what their first calls tell (whose results
-    are freed on return, before any timing)."""
+    """Build the row's steps, make the first calls that tell something and keep it (their
+    results are freed on return, before any timing): with compile every step's (compiling), else
+    the decoders' (the ids they produce). An eager forward or train step is not called here:
+    its first round's call, never kept (``time_step``), is its warm-up."""
     row.steps = steps_for(row, settings, block)
-    first_calls = warm_up(row, settings.modes, block.device)
+    first = settings.modes if settings.compile else tuple(mode for mode in settings.modes
+                                                          if mode in DECODE_MODES)
+    first_calls = warm_up(row, first, block.device)
     count_decoded_ids(row, first_calls)
     if settings.compile:
         record_compiled(row, first_calls, reference_logp)
@@ -322,18 +333,21 @@ def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[
 
 
 def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm,
-                deadline: float = math.inf) -> tuple[Peak, dict]:
+                deadline: float = math.inf) -> tuple[Peak | None, dict]:
     """Rounds: each row's weights re-placed in fresh memory (``settings.replacing``), the
     matmul peak, then each mode for every row once, the rows in a fresh shuffled order each
     round, so that drift, bursts of other work and where each model's weights lie hit rows at
     random rather than always the same one. ``settings.rounds`` rounds; with
     ``settings.resolution``, more until ``resolution_met`` or until the clock passes ``deadline``.
-    Returns the matmul peak (at this model's GEMM shapes and a large square) and the rounds'
-    record: their orders, and other processes' use of the cores in each (cores' worth) with
-    whether it left fewer free cores than the run's threads, the seconds each re-placing took
-    (none when not re-placing); with a resolution, whether it was met."""
-    peak = MatmulPeak(block.device, block.dtype, settings.threads,
-                      gemm_shapes(settings.config, block.shape, block.device))
+    Returns the matmul peak (at this model's GEMM shapes and a large square; None where
+    ``settings.measure_shared`` is off) and the rounds' record: their orders, and other
+    processes' use of the cores in each (cores' worth) with whether it left fewer free cores
+    than the run's threads, the seconds each re-placing took (none when not re-placing); with a
+    resolution, whether it was met."""
+    peak = None
+    if settings.measure_shared:
+        peak = MatmulPeak(block.device, block.dtype, settings.threads,
+                          gemm_shapes(settings.config, block.shape, block.device))
     by_name = {row.variant: row for row in timed}
     placement = Placement(settings.order_seed) if settings.replacing else None
     orders, others, contended, replacing = [], [], [], []
@@ -354,7 +368,8 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm,
             moving = perf_counter()
             placement.replace((by_name[name].model for name in order), block.device)
             replacing.append(perf_counter() - moving)
-        peak.measure()
+        if peak:
+            peak.measure()
         of = "" if adaptive else f"/{settings.rounds}"
         for mode in settings.modes:
             with phase(bar, f"{block.where}: {mode.replace('_', ' ')}, round {round_index + 1}{of}"):
@@ -370,7 +385,7 @@ def time_rounds(timed: list[Row], settings: Settings, block: Block, bar: tqdm,
     if adaptive:
         record["resolution"] = {"target": settings.resolution, "met": met,
                                 "max_seconds": settings.max_seconds}
-    return peak.peak(), record
+    return peak and peak.peak(), record
 
 
 def resolution_met(timed: list[Row], settings: Settings) -> bool:

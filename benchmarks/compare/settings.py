@@ -67,8 +67,9 @@ class Settings:
     decode_len: int = 16  # greedy-decoding length counting BOS; 1 skips the decode column
     all_decoders: bool = False  # also greedy by full recompute and beam 4 (compare.py --all-decoders)
     seed: int = 0  # the weights' and the batch's seed
-    measure_memory: bool = True  # profile each step's peak memory and each cache's bytes (the
-    # same in every process: a run spread over processes measures them in its first alone)
+    measure_shared: bool = True  # what a pooled report keeps of the first process alone: each
+    # step's peak memory and each cache's bytes (the same in every process), the log-prob check
+    # (deterministic) and the matmul peak; a run spread over processes measures them in its first
     keep_freed_memory: bool = True  # tell glibc to keep freed memory (memory.keep_freed_memory)
     torch_fast_path: bool = True  # let nn.Transformer use its fused eval kernels
     show_progress: bool = True  # a progress bar on stderr

@@ -17,21 +17,26 @@ from torch.utils.benchmark.utils.common import TaskSpec
 
 from benchmarks.compare.measured import Cell
 
-# A step that takes longer than this (seconds a call) is timed without the call not kept: its
-# first touch of cold caches is a small share of it, and the round would double in length.
-WARM_CALL_BELOW = 1.0
+# A step that takes at least this long (seconds a call: one call fills a block) is timed, after
+# its first round, without the call not kept, which would double its cells' time. Coming back to
+# a row after the other rows' calls, such a step reads its weights from memory either way (the
+# small preset's 47 MB are more than the caches): timed right after the other rows and again at
+# once, every row's small-preset step differed by under 1% (docs/results/cpu-small-default-cost.md).
+# A shorter step is timed in a block of several calls, whose first would pay for the caches.
+WARM_CALL_BELOW = 0.05
 
 
 def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_time: float,
               label: str = "", sub_label: str = "", description: str = "") -> None:
     """One more round of ``step``: one call not kept, then ``cell.number`` calls timed as one
     block (about ``min_run_time`` seconds, at least one call), merged into ``cell`` with its
-    calls and minor page faults. The call not kept brings the row's weights back into the
-    caches the other rows' calls of the round took over, so that every row is timed warm; the
-    first round sizes the block from its time, and steps over ``WARM_CALL_BELOW`` skip it
-    afterwards. (``blocked_autorange`` warms up with its estimate; ``Timer.timeit`` with two
-    calls each time.) ``timeit.Timer`` with a clock that waits for CUDA is the timer. An
-    exception from the step propagates; ``cell`` is then unchanged."""
+    calls and minor page faults. The call not kept is the step's first ever in the first round
+    (first-call set-up), and sizes the block; after that, it brings a short step's weights back
+    into the caches the other rows' calls of the round took over, and steps of at least
+    ``WARM_CALL_BELOW``, for which it would pay nothing back, skip it. (``blocked_autorange``
+    warms up with its estimate; ``Timer.timeit`` with two calls each time.) ``timeit.Timer``
+    with a clock that waits for CUDA is the timer. An exception from the step propagates;
+    ``cell`` is then unchanged."""
     calls = 0
 
     def counted() -> None:

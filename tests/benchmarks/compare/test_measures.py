@@ -197,3 +197,23 @@ def test_a_step_longer_than_the_warm_call_limit_skips_it_after_the_first_round(m
     for _ in range(3):
         time_step(cell, lambda: invoked.append(1), threads=1, min_run_time=0.001)
     assert len(invoked) == 3 * cell.number + 1  # only the first round's call sized the block
+
+
+@pytest.mark.parametrize("compile_", [False, True])
+def test_only_the_first_calls_that_tell_something_are_made_before_the_rounds(monkeypatch, compile_):
+    """Eager, a row's forward and train step are first called in the first round (by the call
+    time_step never keeps); its decoders once before, for the ids they produce. Compiled,
+    every step once before (that is its compiling)."""
+    made = []
+    monkeypatch.setattr(benchmarks.compare.run, "warm_up",
+                        lambda row, modes, device: made.append(modes) or {})
+    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
+    settings = Settings(config=config, shapes=(Shape(2, 8, 6),), decode_len=4, compile=compile_,
+                        all_decoders=True, show_progress=False)
+    model = build("explicit", config, seed=0)
+    row = Row("explicit", model, cells={mode: Cell() for mode in settings.modes})
+    batch = random_batch(config, 2, 8, 6, seed=0)
+    block = Block("cpu", "float32", Shape(2, 8, 6), batch, contextlib.nullcontext)
+    benchmarks.compare.run.prepare(row, settings, block, reference_logp=None)
+    expected = settings.modes if compile_ else ("decode", "decode_uncached", "beam")
+    assert made == [expected]

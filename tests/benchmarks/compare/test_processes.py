@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
+import subprocess
 import sys
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -58,22 +61,25 @@ def test_resolution_in_several_processes_is_refused_by_the_options_and_the_setti
 # A fresh process without torch, standing in for `python -m benchmarks.compare.processes`: it keeps
 # the settings it is handed (as handed/<index>.pickle, its index the count of those before it), then
 # does what its entry of the plan says: `phases` phase lines on stderr, each after a line that is
-# not one (unless `noisy` is false), then an error (exit 1), death by SIGKILL, or a report padded
-# with `pad` bytes on stdout.
+# not one (unless `noisy` is false), the timing-done line after `timed_at` of them (if given), then
+# an error (exit 1), death by SIGKILL, or a report padded with `pad` bytes on stdout.
 # Its alarm ends it, should it ever be stuck writing, so that a stalled parent fails, not hangs.
 FAKE_INTERPRETER = """
 import json, os, signal, sys
 signal.alarm(60)
-plan, handed, phase_done = sys.argv[1:4]
+plan, handed, phase_done, timed = sys.argv[1:5]
+settings = sys.stdin.buffer.read()
 index = len(os.listdir(handed))
 with open(os.path.join(handed, f"{index}.pickle"), "wb") as file:
-    file.write(sys.stdin.buffer.read())
+    file.write(settings)
 with open(plan) as file:
     step = json.load(file)[index]
-for _ in range(step["phases"]):
+for done in range(step["phases"]):
     if step.get("noisy", True):
         sys.stderr.write("UserWarning: a line of the process's own\\n")
     sys.stderr.write(phase_done + "\\n")
+    if done + 1 == step.get("timed_at"):
+        sys.stderr.write(timed + "\\n")
     sys.stderr.flush()
 if step.get("error"):
     sys.stderr.write("Traceback (most recent call last):\\n  ...\\n" + step["error"] + "\\n")
@@ -94,7 +100,7 @@ def interpreter(monkeypatch, tmp_path):
         handed = tmp_path / "handed"
         handed.mkdir()
         monkeypatch.setattr(processes, "WORKER", ("-c", FAKE_INTERPRETER, str(tmp_path / "plan.json"),
-                                                  str(handed), processes.PHASE_DONE))
+                                                  str(handed), processes.PHASE_DONE, processes.TIMED))
         return handed
     return follow
 
@@ -114,20 +120,20 @@ def test_the_default_run_hands_each_fresh_process_its_own_seed(interpreter, monk
     settings = handed_settings(handed)
     assert [one.order_seed for one in settings] == list(range(PROCESSES))
     assert all(one.processes == 1 and one.rounds == ROUNDS_PER_PROCESS for one in settings)
-    assert [one.measure_memory for one in settings] == [True] + [False] * (PROCESSES - 1)
+    assert [one.measure_shared for one in settings] == [True] + [False] * (PROCESSES - 1)
     assert not any(one.show_progress for one in settings)  # the parent's bar is the only one
     assert json.loads(capsys.readouterr().out)["processes"] == PROCESSES
 
 
 def three_processes(**changes) -> Settings:
     """Three processes of four rounds of explicit and torch (and torch's control), forward and
-    train: 1 log-prob check + 3 warm-ups + 4 rounds x 2 modes, + 1 for the first's peak memory."""
+    train: 3 warm-ups + 4 rounds x 2 modes, + the first's log-prob check and peak memory."""
     fields = dict(config=TransformerConfig(**TIMING_PRESETS["tiny"].fields), shapes=(Shape(2, 8, 6),),
                   variants=("explicit", "torch"), rounds=4, decode_len=1, processes=3)
     return Settings(**{**fields, **changes})
 
 
-PHASES_OF_THREE = [13, 12, 12]  # three_processes' phases, by hand, process by process
+PHASES_OF_THREE = [13, 11, 11]  # three_processes' phases, by hand, process by process
 
 
 class CountedBar(tqdm):
@@ -206,10 +212,11 @@ def test_no_progress_writes_nothing_on_stderr(interpreter, capfd, show):
     assert (err != "") == show  # the bar is there only when asked for, the processes' own lines never
 
 
-@pytest.mark.parametrize("measure_memory", [True, False])
-def test_run_counts_as_many_phases_as_the_parent_expects_of_it(monkeypatch, measure_memory):
-    """The parent's total is what run itself counts, with the peak memory measured or not:
-    explicit alone, one round of forward and train: 1 log-prob check + 1 warm-up + 2 + memory.
+@pytest.mark.parametrize("measure_shared", [True, False])
+def test_run_counts_as_many_phases_as_the_parent_expects_of_it(monkeypatch, measure_shared):
+    """The parent's total is what run itself counts, in the first process or a later one:
+    explicit alone, one round of forward and train: 1 warm-up + 2, + the log-prob check and
+    the peak memory in the first.
     (Kept quick: the matmul peak timed on one small shape, not its large square; the memory
     phase counted but its profiling skipped.)"""
     monkeypatch.setattr(run_module, "gemm_shapes", small_gemm_shapes)
@@ -217,11 +224,35 @@ def test_run_counts_as_many_phases_as_the_parent_expects_of_it(monkeypatch, meas
     config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
     settings = Settings(config=config, shapes=(Shape(2, 8, 6),), variants=("explicit",), rounds=1,
                         min_run_time=0.001, decode_len=1, threads=1, keep_freed_memory=False,
-                        replace_weights=False, measure_memory=measure_memory, show_progress=False)
+                        replace_weights=False, measure_shared=measure_shared, show_progress=False)
     ended = []
     run_module.run(settings, on_phase=lambda: ended.append(1))
-    assert len(ended) == 4 + measure_memory
-    assert run_module.total_phases(settings) == 4 + measure_memory
+    assert len(ended) == 3 + 2 * measure_shared
+    assert run_module.total_phases(settings) == 3 + 2 * measure_shared
+
+
+def test_a_later_process_leaves_to_the_first_what_the_pooled_report_keeps_of_it(monkeypatch):
+    """Process 2 of 3 checks no log-probs and times no matmul peak (nor profiles memory): the
+    pooled report takes them from process 1, whose own report has them."""
+    monkeypatch.setattr(run_module, "gemm_shapes", small_gemm_shapes)
+    monkeypatch.setattr(run_module, "measure_memory", skip_memory)
+    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
+    settings = Settings(config=config, shapes=(Shape(2, 8, 6),), variants=("explicit", "torch"), rounds=1,
+                        min_run_time=0.001, decode_len=1, threads=1, keep_freed_memory=False,
+                        replace_weights=False, processes=3, show_progress=False)
+    first, later = (run_module.run(processes.settings_of(settings, index)) for index in (0, 1))
+    for report, measured in ((first, True), (later, False)):
+        block = report["blocks"][0]
+        explicit = next(row for row in block["rows"] if row["variant"] == "explicit")
+        assert (block["matmul_peak_gflops"] is not None) == measured
+        assert (explicit["forward_pct_peak"] is not None) == measured
+        assert (explicit["max_abs_dlogp"] is not None) == measured
+        assert explicit["forward_ms"] is not None and explicit["train_ms"] is not None
+    pooled = processes.pool([first, later])["blocks"][0]
+    assert pooled["matmul_peak_gflops"] == first["blocks"][0]["matmul_peak_gflops"]
+    explicit = next(row for row in pooled["rows"] if row["variant"] == "explicit")
+    assert explicit["max_abs_dlogp"] == first["blocks"][0]["rows"][0]["max_abs_dlogp"]
+    assert explicit["forward_pct_peak"] is not None
 
 
 def small_gemm_shapes(*args) -> list[tuple[int, int, int]]:
@@ -235,14 +266,81 @@ def skip_memory(*args) -> None:
 def test_a_process_reports_each_phase_on_its_stderr(monkeypatch, capsys):
     """The worker's side: run's phases become PHASE_DONE lines on stderr, the report stays alone
     on stdout."""
-    def fake_run(settings, on_phase):
+    def fake_run(settings, on_phase, on_timed):
         for _ in range(4):
             on_phase()
+        on_timed()
+        on_phase()
         return {"meta": {"order_seed": settings.order_seed}, "blocks": []}
 
     monkeypatch.setattr(processes, "run", fake_run)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(pickle.dumps(three_processes()))))
     assert processes.main() == 0
     out, err = capsys.readouterr()
-    assert err.splitlines() == [processes.PHASE_DONE] * 4
+    assert err.splitlines() == [processes.PHASE_DONE] * 4 + [processes.TIMED, processes.PHASE_DONE]
     assert json.loads(out) == {"meta": {"order_seed": 0}, "blocks": []}
+
+
+def test_a_fresh_process_imports_no_compiler_it_does_not_use():
+    """Every default run starts four interpreters; inductor, which only --compile uses, took
+    about 2 s of each one's imports, so the worker's module must not load it."""
+    probe = ("import sys, benchmarks.compare.processes, compare; "
+             "sys.exit('torch._inductor.compile_fx' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).parents[3])
+    assert done.returncode == 0
+
+
+@pytest.fixture
+def starts(monkeypatch, counted):
+    """Every interpreter run_processes starts, with how many phases its bar (a ``counted`` one)
+    had counted then."""
+    made = []
+    start = processes.start_process
+
+    def counted_start():
+        child = start()
+        made.append((counted.made[-1].n if counted.made else 0, child))
+        return child
+    monkeypatch.setattr(processes, "start_process", counted_start)
+    return made
+
+
+def test_the_next_interpreter_starts_when_the_current_ones_timing_is_over(interpreter, counted, starts):
+    """Process 1 says its timing is over after 3 of its 5 phases (its peak memory and report
+    follow): process 2's interpreter starts then and imports while process 1 ends, and is handed
+    its settings only after. Process 2 never says so: process 3 starts once it has ended."""
+    made = starts
+    handed = interpreter([{"phases": 5, "timed_at": 3}, {"phases": 4}, {"phases": 4, "timed_at": 4}])
+    report = processes.run_processes(three_processes(), progress=counted)
+    assert [at for at, _ in made] == [0, 3, 9]  # no fourth: nothing follows the last process
+    assert all(child.poll() is not None for _, child in made)
+    assert sorted(os.listdir(handed)) == ["0.pickle", "1.pickle", "2.pickle"]
+    assert report["meta"]["processes"] == 3
+
+
+def test_an_interpreter_started_ahead_is_ended_when_the_current_process_fails(interpreter, counted, starts):
+    made = starts
+    handed = interpreter([{"phases": 13, "timed_at": 12},
+                          {"phases": 2, "timed_at": 1, "error": "ValueError: x"}])
+    with pytest.raises(RuntimeError, match="process 2 of 3 failed: ValueError: x"):
+        processes.run_processes(three_processes(), progress=counted)
+    assert len(made) == 3  # the third started at the second's timing-done line...
+    assert all(child.poll() is not None for _, child in made)  # ...and ended with the run
+    assert sorted(os.listdir(handed)) == ["0.pickle", "1.pickle"]  # never handed its settings
+
+
+def test_run_says_its_timing_is_over_once_after_the_last_rounds_and_before_the_memory(monkeypatch):
+    """Two blocks: the timing-done call comes once, after the second block's last round, with
+    only its peak memory phase left (which times nothing)."""
+    monkeypatch.setattr(run_module, "gemm_shapes", small_gemm_shapes)
+    monkeypatch.setattr(run_module, "measure_memory", skip_memory)
+    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
+    settings = Settings(config=config, shapes=(Shape(2, 8, 6), Shape(2, 6, 6)), variants=("explicit",),
+                        rounds=1, min_run_time=0.001, decode_len=1, threads=1, keep_freed_memory=False,
+                        replace_weights=False, show_progress=False)
+    events = []
+    run_module.run(settings, on_phase=lambda: events.append("phase"),
+                   on_timed=lambda: events.append("timed"))
+    assert events.count("timed") == 1
+    assert events[-2:] == ["timed", "phase"]  # the memory phase alone follows
+    assert events.count("phase") == run_module.total_phases(settings)
