@@ -249,3 +249,22 @@ def test_a_tokenizer_that_does_not_fit_the_model_is_refused(tiny_named):
     model.config.eos_token_id = 3
     with pytest.raises(ValueError, match=r"EOS id: the tokenizer's 0, the model's 3"):
         convert_loaded(model, tokenizer, family, source="test")
+
+
+@pytest.mark.parametrize("name", ["marian-relu-two", "fsmt-untied"])
+def test_a_checkpoint_saved_in_shards_converts_to_the_same_model(name, tiny_named, tmp_path):
+    """The same weights saved in several safetensors files behind an index (as large
+    checkpoints are): the conversion holds the same tensors and settings as the one file's."""
+    whole = tiny_named(name)
+    sharded = tmp_path / "sharded"
+    shutil.copytree(whole.folder, sharded)
+    (sharded / "model.safetensors").unlink()
+    load_hf_model(whole.folder)[0].save_pretrained(sharded, max_shard_size="20KB")
+    shards = sorted(path.name for path in sharded.glob("model-*.safetensors"))
+    assert len(shards) > 1 and (sharded / "model.safetensors.index.json").exists()
+    record = convert(sharded)
+    assert record.weights.keys() == whole.record.weights.keys()
+    for key, tensor in whole.record.weights.items():
+        assert torch.equal(record.weights[key], tensor), key
+    assert (record.config, record.banned_ids, record.tokenizer.keys()) == (
+        whole.record.config, whole.record.banned_ids, whole.record.tokenizer.keys())
