@@ -9,14 +9,14 @@ are re-placed in fresh memory before each round, so that where they lie varies i
 intervals. ``--wide`` shows every column; ``--all-decoders`` also times greedy decoding by full
 recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws the times.
 
-    python compare.py                                   # small preset, CPU, float32 (about 70 s)
+    python compare.py                                   # small preset, CPU, float32 (about 80 s)
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png
     python compare.py --processes 1                     # one interpreter, 10 rounds (about 50 s)
     python compare.py --resolution 0.03                 # 1 process, rounds added until every ratio's
                                                         # 95% interval is within ±3% (default:
-                                                        # 3 processes x 4 rounds on the CPU)
+                                                        # 4 processes x 3 rounds on the CPU)
 
 This file is the command line only: options (``benchmarks.compare.settings.add_options``) -> ``Settings`` ->
 ``benchmarks.compare.run.run`` -> ``benchmarks.compare.render.render``. The method is in ``benchmarks/``.

@@ -23,7 +23,7 @@ One job per module, in the order a run uses them:
 Method:
 - one analytic FLOP count for every row (``workload.forward_flops``; a train step counts 3x);
 - many short rounds (``Settings.rounds``; with ``Settings.resolution``, more until every ratio
-  is resolved to it), on the CPU by default spread over three fresh processes
+  is resolved to it), on the CPU by default spread over four fresh processes
   (``Settings.processes``, ``processes``), each timing every row once in a fresh shuffled order
   (``ratios.round_orders``) after re-placing every row's weights in fresh memory
   (``placement``), the cores' load read in every round; a cell's time is its rounds merged,

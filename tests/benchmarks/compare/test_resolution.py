@@ -15,6 +15,7 @@ from benchmarks.compare.measured import Cell, Row
 from benchmarks.compare.ratios import paired_ratio
 from benchmarks.compare.render import render
 from benchmarks.compare.run import CONTROL, Block, time_rounds
+from benchmarks.compare.settings import PROCESSES, ROUNDS_PER_PROCESS
 from compare import parse_args
 from tests.benchmarks.compare.test_busy_cores import report_with
 from tests.benchmarks.compare.test_compare import tiny_settings
@@ -172,7 +173,8 @@ def test_the_help_says_what_a_resolution_does_to_the_process_plan(capsys):
         parse_args(["--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     option = help_text.rsplit("--resolution FRACTION", 1)[1].split("--max-seconds", 1)[0]
-    assert "1 process, not the default 3 processes x 4 rounds on the CPU" in option
+    default = f"{PROCESSES} processes x {ROUNDS_PER_PROCESS} rounds on the CPU"
+    assert f"1 process, not the default {default}" in option
     assert "adds rounds" in option
 
 
