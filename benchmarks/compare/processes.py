@@ -62,10 +62,11 @@ def run_processes(settings: Settings, progress: Callable[..., tqdm] = tqdm) -> d
     (``failure``)."""
     each = [settings_of(settings, index) for index in range(settings.processes)]
     reports = []
-    started: list[subprocess.Popen] = [start_process()]  # the current process, then the next
+    started: list[subprocess.Popen] = []  # the current process, then the next once started
     with progress(total=sum(total_phases(one) for one in each), disable=not settings.show_progress,
                   unit="phase", leave=False, dynamic_ncols=True) as bar:
         try:
+            started.append(start_process())
             for index, one in enumerate(each):
                 bar.set_description_str(f"process {index + 1} of {len(each)}")
 

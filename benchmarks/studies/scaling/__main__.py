@@ -124,10 +124,11 @@ def parse(argv: list[str] | None) -> tuple[Parser, object]:
     if args.tokens < SMALLEST:
         parser.error(f"--tokens must be at least {SMALLEST} (one sequence of the first length), "
                      f"got {args.tokens}")
+    inputs = [args.reread] if args.reread else []  # no output may overwrite the run reread
     try:
-        for path in (args.json, args.markdown):
+        for path in (args.json, args.markdown, args.plot):
             if path:
-                check_output(path)
+                check_output(path, inputs=inputs)
     except FileError as error:
         parser.error(str(error))
     problem = args.plot and (path_problem(args.plot) or matplotlib_problem())
@@ -136,7 +137,6 @@ def parse(argv: list[str] | None) -> tuple[Parser, object]:
     if args.reread:
         try:
             args.recorded = read_json(args.reread, dict, "a scaling study's --json")
-            check_output(args.json, inputs=[args.reread]) if args.json else None
         except FileError as error:
             parser.error(str(error))
     return parser, args
@@ -180,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             measured.append(measure_size(settings, rows, sweep, length, batch, tick))
             write(summarise(settings, measured, decoding, args), meta, args, finished=False)
         decoding = decode_scan(settings, rows, tick)
-    text = write(summarise(settings, measured, decoding, args), meta, args, finished=True)
-    print(text)
+    report = summarise(settings, measured, decoding, args)
+    print(write(report, meta, args, finished=True))
     if args.plot:
-        picture(summarise(settings, measured, decoding, args), args.plot)
+        picture(report, args.plot)
     return 0
 
 
@@ -211,10 +211,10 @@ def reread(parser: Parser, args) -> int:
                                    meta["rounds"], meta["seconds_per_block"], meta["threads"], args.seed,
                                    math.inf)
         measured = [recorded_size(size) for size in sizes]
+        args.fit_octaves, args.wall_gib = meta["fit_octaves"], meta["wall_gib"]
+        report = summarise(settings, measured, decoding, args)
     except (KeyError, TypeError, ValueError, StopIteration, AttributeError) as error:
         parser.error(f"{args.reread}: not a scaling study's --json ({type(error).__name__}: {error})")
-    args.fit_octaves, args.wall_gib = meta["fit_octaves"], meta["wall_gib"]
-    report = summarise(settings, measured, decoding, args)
     text = write(report, {**meta, "reread": args.reread}, args, finished=bool(meta.get("finished", True)))
     print(text)
     if args.plot:
@@ -223,10 +223,19 @@ def reread(parser: Parser, args) -> int:
 
 
 def recorded_size(size: dict) -> SizeResult:
-    """One size of a recorded run as ``measure_size`` returned it."""
-    cells = {key: Cell(rounds=list(cell["rounds_s"]), error=cell["error"])
+    """One size of a recorded run as ``measure_size`` returned it; TypeError names a field that
+    does not hold what a run writes there."""
+    def numbers(name: str, values: object) -> list:
+        if not isinstance(values, list) or not all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                   for v in values):
+            raise TypeError(f"{name} must be a list of numbers, got {values!r}")
+        return values
+
+    cells = {key: Cell(rounds=numbers(f"{key} rounds_s", cell["rounds_s"]), error=cell["error"])
              for key, cell in size["cells"].items()}
-    peaks = {key: cell["peak_bytes"] for key, cell in size["cells"].items() if cell.get("peak_bytes")}
+    peaks = {key: numbers(f"{key} peak_bytes", [cell["peak_bytes"]])[0]
+             for key, cell in size["cells"].items() if cell.get("peak_bytes") is not None}
+    numbers("length and batch", [size["length"], size["batch"]])
     return SizeResult(size["sweep"], size["length"], size["batch"], cells, peaks, dict(size["skipped"]))
 
 

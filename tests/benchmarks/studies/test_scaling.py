@@ -201,3 +201,25 @@ def test_a_run_reread_gives_its_own_tables_with_the_predictions_made_again(tmp_p
     assert again.split("\n\n", 1)[1] == expected + "\n"
     assert f"reread {path}" in again.splitlines()[0]
     assert "predicted MiB" in again and "| 0.0 " not in again
+
+
+def test_reread_never_writes_over_the_run_it_reads_nor_tracebacks_on_a_wrong_field(tmp_path, capsys):
+    run = tmp_path / "run.json"
+    recorded = {"meta": {"preset": "tiny", "rounds": 1, "seconds_per_block": 0.01, "threads": 1,
+                         "fit_octaves": 2, "wall_gib": 24.0},
+                "sizes": [{"sweep": sweep, "length": 32, "batch": 2, "skipped": {},
+                           "cells": {"explicit/forward": {"rounds_s": ["slow"], "error": None}}}
+                          for sweep in ("tokens", "batch")],
+                "decode": []}
+    run.write_text(json.dumps(recorded), encoding="utf-8")
+    before = run.read_bytes()
+    for option in ("--json", "--markdown", "--plot"):
+        with pytest.raises(SystemExit) as exited:
+            scaling.main(["--reread", str(run), option, str(run)])
+        assert exited.value.code == 2 and "is the input" in capsys.readouterr().err
+    assert run.read_bytes() == before
+    with pytest.raises(SystemExit) as exited:
+        scaling.main(["--reread", str(run)])
+    err = capsys.readouterr().err.strip()
+    assert exited.value.code == 2 and len(err.splitlines()) == 1
+    assert f"{run}: not a scaling study's --json" in err and "rounds_s" in err
