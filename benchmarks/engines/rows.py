@@ -1,9 +1,10 @@
 """Decode rows for the deployment engines, ONNX Runtime and CTranslate2 (float32 and int8, and
 CTranslate2's bfloat16 types where its build runs them on this CPU), and for plain PyTorch's fast
 path beside them (``seq2seq.fast.static_search``): "inductor", fused's static step compiled with
-inductor freezing (float32); "onednn", the same step eager with its linears on oneDNN
+inductor freezing (float32); "onednn", the same step eager and flat (``seq2seq.fast.flat``: one
+function over the decoder's weights, attention by two matrix products) with its linears on oneDNN
 (``seq2seq.fast.onednn``), on weights packed in float32 and, as a row of its own, in bfloat16;
-"int8", the same step eager with its linears on int8 weights and int8 products
+"int8", the flat step with its linears on int8 weights and int8 products
 (``seq2seq.fast.int8``: fbgemm's dynamic quantization, x86). All three take greedy's argmax over
 the logits. And the implementation people run: "hf-marian",
 Hugging Face's ``MarianMTModel`` holding the same weights (``seq2seq.hub.from_hf.marian_model``;
@@ -58,8 +59,8 @@ if TYPE_CHECKING:  # the deploy extra is imported only when its rows are asked f
 
 ENGINES = ("onnxruntime", "ctranslate2", "inductor", "onednn", "int8", "hf-marian")
 # each fast-path row's StaticGreedy/StaticBeam options; the int8 row's decoders step on a copy
-FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True),
-              "int8": {}}
+FAST_PATHS = {"inductor": dict(compile_mode="default", freezing=True), "onednn": dict(onednn=True, flat=True),
+              "int8": dict(flat=True)}
 PRECISIONS = ("float32", "int8", "bfloat16", "int8_bfloat16")
 # the precisions each engine offers; CTranslate2's and oneDNN's are asked of them (``offered``)
 OFFERED = {"onnxruntime": ("float32", "int8"), "inductor": ("float32",), "int8": ("int8",),

@@ -12,6 +12,8 @@ plainly; int8 gives them wherever the margins exceed its rounding.
                    oneDNN's product on weights packed once (float32 or bfloat16)
     int8           Int8Linear and with_int8_linears: a copy whose linears hold int8 weights (per
                    output channel) and multiply in int8, inputs quantized per call (fbgemm)
+    flat           FlatDecoding: fused's eager step as one function over the decoder's weights,
+                   keys and values heads first, attention by two matrix products (``flat=True``)
 
 Unlike the rest of seq2seq it uses private torch APIs, which a torch release may change or
 remove: ``torch._inductor.list_mode_options`` (what ``torch.compile(mode=...)`` sets, so that

@@ -27,7 +27,9 @@ weights become constants of the compiled graph, on CPU packed for the step's mat
 ``onednn`` (CPU float32) decodes on a copy whose linears (encoder, decoder, generator) run
 oneDNN's product on weights packed once (``seq2seq.fast.onednn``), in ``onednn_dtype``
 (float32, or bfloat16: half the bytes a step streams): build a new decoder after changing the
-model's weights.
+model's weights. ``flat`` (eager only) steps through ``seq2seq.fast.flat.FlatDecoding``: the
+same step written as one function over the decoder's weights, keys and values kept heads
+first, attention by two matrix products instead of SDPA.
 
 A decoder checks its settings once, when built (the model, ``max_len``, the special ids, the
 beam, the compile options: ``check_arguments``, ``check_beam_arguments``), and at each call only
@@ -50,6 +52,7 @@ from torch import Tensor, nn
 
 from common.cache import batch_first
 from common.checks import ids_range_checked
+from seq2seq.fast.flat import FlatDecoding
 from seq2seq.fast.onednn import with_onednn_linears
 from seq2seq.search.beam import ALPHA, BEAM_SIZE, Hypotheses, search
 from seq2seq.search.strategy import (
@@ -84,7 +87,7 @@ class StaticNextToken:
 
     def __init__(self, model: nn.Module, max_len: int, compile_mode: str | None = None, *,
                  freezing: bool = False, onednn: bool = False, onednn_dtype: torch.dtype = torch.float32,
-                 reorders: bool = False, banned_ids: tuple[int, ...] = ()) -> None:
+                 reorders: bool = False, banned_ids: tuple[int, ...] = (), flat: bool = False) -> None:
         missing = [name for name in STATIC_METHODS if not callable(getattr(model, name, None))]
         if missing:
             raise TypeError(f"{type(model).__module__} has no static step ({', '.join(missing)} "
@@ -104,8 +107,15 @@ class StaticNextToken:
         if onednn_dtype != torch.float32 and not onednn:
             raise ValueError(f"onednn_dtype is the packed weights' dtype: give onednn=True too, got "
                              f"onednn_dtype={onednn_dtype}")
-        # a packed copy, or the model
+        if not isinstance(flat, bool):
+            raise TypeError(f"flat must be a bool, got {type(flat).__name__} {flat!r}")
+        if flat and compile_mode is not None:
+            raise ValueError("flat runs the step eagerly (it reads its position on the host): give "
+                             "compile_mode None")
+        # a packed copy, or the model; walked by a flat step, or stepped by its own
         self.model = with_onednn_linears(model, onednn_dtype) if onednn else model
+        if flat:
+            self.model = FlatDecoding(self.model)
         self.max_len = max_len
         device = next(model.parameters()).device
         self.ban = ban_mask(banned_ids, model.config.tgt_vocab_size, device)  # (V,) or None
@@ -205,13 +215,13 @@ class StaticGreedy:
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  compile_mode: str | None = None, freezing: bool = False, onednn: bool = False,
                  onednn_dtype: torch.dtype = torch.float32, from_logits: bool = True,
-                 banned_ids: tuple[int, ...] = ()) -> None:
+                 banned_ids: tuple[int, ...] = (), flat: bool = False) -> None:
         self.config = check_arguments(model, None, max_len, bos_id, eos_id, True, max_len_may_be_none=False,
                                       banned_ids=banned_ids)
         self.max_len, self.bos_id, self.eos_id = max_len, bos_id, eos_id
         self.from_logits = from_logits
         self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
-                                               onednn_dtype=onednn_dtype, banned_ids=banned_ids)
+                                               onednn_dtype=onednn_dtype, banned_ids=banned_ids, flat=flat)
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
@@ -253,13 +263,14 @@ class StaticBeam:
     def __init__(self, model: nn.Module, *, max_len: int, bos_id: int, eos_id: int,
                  beam_size: int = BEAM_SIZE, alpha: float = ALPHA, compile_mode: str | None = None,
                  freezing: bool = False, onednn: bool = False,
-                 onednn_dtype: torch.dtype = torch.float32, banned_ids: tuple[int, ...] = ()) -> None:
+                 onednn_dtype: torch.dtype = torch.float32, banned_ids: tuple[int, ...] = (),
+                 flat: bool = False) -> None:
         self.arguments = dict(max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha)
         self.config = check_beam_arguments(model, None, None, **self.arguments, use_cache=True,
                                            max_len_may_be_none=False, banned_ids=banned_ids)
         self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
                                                onednn_dtype=onednn_dtype, reorders=True,
-                                               banned_ids=banned_ids)
+                                               banned_ids=banned_ids, flat=flat)
 
     @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Hypotheses:
@@ -280,17 +291,18 @@ class StaticBeam:
 def static_greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *,
                          max_len: int, bos_id: int, eos_id: int, compile_mode: str | None = None,
                          freezing: bool = False, onednn: bool = False,
-                         banned_ids: tuple[int, ...] = ()) -> Tensor:
+                         banned_ids: tuple[int, ...] = (), flat: bool = False) -> Tensor:
     """One call of a fresh ``StaticGreedy``: the same tokens as ``greedy_decode``."""
     return StaticGreedy(model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, compile_mode=compile_mode,
-                        freezing=freezing, onednn=onednn, banned_ids=banned_ids)(src, src_mask)
+                        freezing=freezing, onednn=onednn, banned_ids=banned_ids, flat=flat)(src, src_mask)
 
 
 def static_beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *, max_len: int,
                        bos_id: int, eos_id: int, beam_size: int = BEAM_SIZE, alpha: float = ALPHA,
                        compile_mode: str | None = None, freezing: bool = False,
-                       onednn: bool = False, banned_ids: tuple[int, ...] = ()) -> Hypotheses:
+                       onednn: bool = False, banned_ids: tuple[int, ...] = (),
+                       flat: bool = False) -> Hypotheses:
     """One call of a fresh ``StaticBeam``: the same hypotheses as ``beam_search``."""
     return StaticBeam(model, max_len=max_len, bos_id=bos_id, eos_id=eos_id, beam_size=beam_size, alpha=alpha,
                       compile_mode=compile_mode, freezing=freezing, onednn=onednn,
-                      banned_ids=banned_ids)(src, src_mask)
+                      banned_ids=banned_ids, flat=flat)(src, src_mask)

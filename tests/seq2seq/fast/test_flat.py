@@ -1,0 +1,153 @@
+"""The flat step of the fast decoding path (``seq2seq.fast.flat``): fused's decoder step written
+as one function over its weights, keys and values heads first. Its log-probs are the growing
+cache's ``decode_step``'s at every position (an independent implementation: the teaching step
+through SDPA) under every architecture switch a decoder layer reads, padded targets, per-head
+source masks and a source with no open key; its decoders give ``greedy_decode``'s tokens and
+``beam_search``'s hypotheses; on the int8 copy it computes the int8 step; refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from common.random_batch import random_batch
+from seq2seq.data import tasks
+from seq2seq.fast.flat import FlatCache, FlatDecoding
+from seq2seq.fast.int8 import int8_available, with_int8_linears
+from seq2seq.fast.static_search import StaticBeam, StaticGreedy, StaticNextToken, static_beam_search
+from seq2seq.search.beam import beam_search
+from seq2seq.search.greedy import greedy_decode
+from tests.helpers import FLOAT64_TOL, small_config
+from tests.seq2seq.fast.test_static_beam import random_fused
+from variants import build
+
+PAD = 0
+
+
+def fused64(**changes) -> nn.Module:
+    return build("fused", small_config(dropout=0.0, **changes), seed=0).double().eval()
+
+
+def assert_steps_match(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor, src_mask: torch.Tensor | None,
+                       max_len: int = 12) -> None:
+    """The flat step's log-probs against ``decode_step``'s, position by position (float64)."""
+    flat = FlatDecoding(model).eval()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        growing = model.start_cache(memory, src_mask)
+        cache = flat.start_static_cache(memory, src_mask, max_len)
+        for t in range(tgt.shape[1]):
+            found = model.project(flat.static_step(tgt[:, t : t + 1], torch.tensor(t), cache))
+            expected = model.project(model.decode_step(tgt[:, t : t + 1], growing))
+            torch.testing.assert_close(found, expected, **FLOAT64_TOL)
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(norm_first=True), dict(activation="gelu"),
+                                     dict(final_norm=False), dict(norm_first=True, final_norm=False)],
+                         ids=["post", "pre", "gelu", "no-final-norm", "pre-no-final-norm"])
+@pytest.mark.parametrize("masked", [True, False], ids=["padded-source", "no-mask"])
+def test_the_flat_step_is_the_cached_step_at_every_position(changes, masked):
+    """Padded sources and targets that hold padding after their end (S = 6, T = 9): a padded
+    target slot must not count for the later positions."""
+    model = fused64(**changes)
+    src, tgt, src_mask, _ = random_batch(model.config, 3, 6, 9).inputs()
+    assert (src == PAD).any() and (tgt[:, 1:] == PAD).any(), "the batch should hold padding"
+    assert_steps_match(model, src, tgt, src_mask if masked else None)
+
+
+def test_per_head_source_masks_and_a_source_with_no_open_key():
+    """A (B, H, 1, S) mask that closes different keys per head, one source whose every key is
+    closed and one head of another closed everywhere: fused attends uniformly there (the mean of
+    V), and so must the flat step."""
+    model = fused64()
+    heads = model.config.n_heads
+    src, tgt, _, _ = random_batch(model.config, 3, 6, 7).inputs()
+    generator = torch.Generator().manual_seed(0)
+    src_mask = torch.rand(3, heads, 1, 6, generator=generator) > 0.4  # (B, H, 1, S)
+    src_mask[0] = False  # source 0: no key at all
+    src_mask[1, 2] = False  # source 1: head 2 has none
+    src_mask[2, :, :, 0] = True  # source 2: every head one key at least
+    assert src_mask[2].any(dim=-1).all()
+    assert_steps_match(model, src, tgt, src_mask)
+
+
+def test_static_greedy_on_the_flat_step_gives_greedy_decodes_tokens(copy_model):
+    """The trained copy model, float32: decodings ending with EOS at many lengths."""
+    model = copy_model.build("fused", torch.float32)
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    expected = greedy_decode(model, copy_model.src, copy_model.src_mask, **arguments)
+    assert len((expected != copy_model.config.pad_id).sum(dim=1).unique()) > 3
+    decode = StaticGreedy(model, flat=True, **arguments)
+    assert torch.equal(decode(copy_model.src, copy_model.src_mask), expected)
+    # a second batch through the same decoder: a fresh cache, the same tokens
+    assert torch.equal(decode(copy_model.src, copy_model.src_mask), expected)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post", "pre"])
+def test_static_beam_on_the_flat_step_finds_beam_searchs_hypotheses(norm_first):
+    """float64, padded sources, rows that finish at different steps: every beam's cache rows
+    move with it (``FlatCache.reorder_beams``)."""
+    model, src, src_mask, eos = random_fused(norm_first)
+    arguments = dict(max_len=12, bos_id=1, eos_id=eos)
+    expected = beam_search(model, src, src_mask, **arguments)
+    found = static_beam_search(model, src, src_mask, **arguments, flat=True)
+    assert torch.equal(found.tokens, expected.tokens)
+    torch.testing.assert_close(found.scores, expected.scores, **FLOAT64_TOL)
+
+
+def test_the_beam_decoder_on_the_copy_model(copy_model):
+    model = copy_model.build("fused", torch.float32)
+    arguments = dict(max_len=10, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID, beam_size=3)
+    expected = beam_search(model, copy_model.src, copy_model.src_mask, **arguments)
+    found = StaticBeam(model, flat=True, **arguments)(copy_model.src, copy_model.src_mask)
+    assert torch.equal(found.tokens, expected.tokens)
+    torch.testing.assert_close(found.scores, expected.scores)
+
+
+@pytest.mark.skipif(not int8_available(), reason="needs PyTorch's fbgemm quantized engine (x86)")
+def test_on_the_int8_copy_the_flat_step_computes_the_int8_step(copy_model):
+    """The same int8 linears, fed the same prefixes: the flat step's log-probs are the standard
+    static step's within float32 rounding (they differ in how attention rounds, not in the
+    products, so far closer than int8's own error)."""
+    quantized = with_int8_linears(copy_model.build("fused", torch.float32))
+    tokens = greedy_decode(quantized, copy_model.src, copy_model.src_mask, max_len=10,
+                           bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
+    found, expected = (StaticNextToken(quantized, 10, flat=flat) for flat in (True, False))
+    with torch.no_grad():
+        for step in (found, expected):
+            step.start(copy_model.src, copy_model.src_mask)
+        for length in range(1, tokens.shape[1]):
+            torch.testing.assert_close(found(tokens[:, :length]), expected(tokens[:, :length]),
+                                       rtol=0, atol=1e-4)
+
+
+def test_bad_flat_settings_are_refused_by_name():
+    model = fused64().float()
+    with pytest.raises(TypeError, match="flat must be a bool"):
+        StaticGreedy(model, max_len=5, bos_id=1, eos_id=2, flat=1)
+    with pytest.raises(ValueError, match="flat runs the step eagerly"):
+        StaticBeam(model, max_len=5, bos_id=1, eos_id=2, flat=True, compile_mode="default")
+    explicit = build("explicit", small_config(dropout=0.0), seed=0)
+    with pytest.raises(ValueError, match=r"a flat step serves the fused row .*has no .*qkv_proj"):
+        FlatDecoding(explicit)
+    with pytest.raises(ValueError, match=r"a flat step serves the fused row .*has no decoder layers"):
+        FlatDecoding(nn.Linear(2, 2))
+
+
+def test_the_flat_step_refuses_training_mode_and_a_cache_it_did_not_start():
+    """It has no dropout: in training mode it would compute another function than fused's."""
+    model = fused64()
+    flat, other = FlatDecoding(model).eval(), FlatDecoding(model).eval()
+    src, tgt, src_mask, _ = random_batch(model.config, 2, 5, 3).inputs()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        cache = other.start_static_cache(memory, src_mask, 4)
+        assert isinstance(cache, FlatCache)
+        with pytest.raises(TypeError, match="FlatCache this FlatDecoding started"):
+            flat.static_step(tgt[:, :1], torch.tensor(0), cache)
+        with pytest.raises(ValueError, match="max_len must lie in"):
+            flat.start_static_cache(memory, src_mask, model.config.max_seq_len + 1)
+        flat.train()
+        with pytest.raises(RuntimeError, match="no dropout: call it in eval mode"):
+            flat.static_step(tgt[:, :1], torch.tensor(0), flat.start_static_cache(memory, src_mask, 4))
