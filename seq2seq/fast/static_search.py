@@ -46,6 +46,7 @@ Shape legend:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor, nn
@@ -137,7 +138,8 @@ class StaticNextToken:
         if src_mask is not None:
             src_mask = batch_first(src_mask, src.shape[0])  # (B, 1 or H, 1, S)
         heads = 1 if src_mask is None else src_mask.shape[1]
-        shape = (tuple(src.shape), beams, heads, src.device, memory.dtype)
+        # a cache made in inference mode may be refilled in place only in inference mode
+        shape = (tuple(src.shape), beams, heads, src.device, memory.dtype, torch.is_inference_mode_enabled())
         out = self.cache if shape == self.started_for else None
         # the memory's keys and values once per source, the self-attention's once per row
         self.cache = self.model.start_static_cache(memory, src_mask, self.max_len, out=out, beams=beams)
@@ -155,6 +157,12 @@ class StaticNextToken:
             if self.compiled and not self.freezing:
                 for buffer in self.cache.buffers():
                     torch._dynamo.mark_static_address(buffer, guard=True)
+
+    def decoding(self) -> AbstractContextManager:
+        """The grad mode a decoder's call runs in: eager, inference mode (no version counter or
+        view is tracked, so each of a step's many small ops costs less); compiled, no_grad (what
+        its graphs are captured under)."""
+        return torch.no_grad() if self.compiled else torch.inference_mode()
 
     def log_probs(self, last: Tensor, position: Tensor, cache: object) -> Tensor:
         """The step itself, what ``torch.compile`` captures: (B, 1) ids -> (B, V)."""
@@ -223,14 +231,14 @@ class StaticGreedy:
         self.next_token_logp = StaticNextToken(model, max_len, compile_mode, freezing=freezing, onednn=onednn,
                                                onednn_dtype=onednn_dtype, banned_ids=banned_ids, flat=flat)
 
-    @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """(B, S) source ids -> (B, L) target ids: BOS, then the argmax at each step, padding
         after a row's EOS; stops when every row has produced EOS, or at ``max_len`` ids. In eval
-        mode, each module's mode given back afterwards."""
+        mode, each module's mode given back afterwards; without grad (``decoding``), the ids
+        handed back as an ordinary tensor."""
         check_source(src, src_mask)  # the settings were checked when this decoder was built
         step = self.next_token_logp
-        with eval_mode(step.model):
+        with step.decoding(), eval_mode(step.model):
             step.start(src, src_mask)
             batch = src.shape[0]
             tokens = torch.full((batch, self.max_len), self.config.pad_id, dtype=torch.long,
@@ -249,7 +257,7 @@ class StaticGreedy:
                     length += 1
                     if finished.all():
                         break
-        return tokens[:, :length]
+        return tokens[:, :length].clone()  # outside inference mode: a tensor autograd may save
 
 
 class StaticBeam:
@@ -272,20 +280,21 @@ class StaticBeam:
                                                onednn_dtype=onednn_dtype, reorders=True,
                                                banned_ids=banned_ids, flat=flat)
 
-    @torch.no_grad()
     def __call__(self, src: Tensor, src_mask: Tensor | None = None) -> Hypotheses:
         """(B, S) source ids -> the best hypothesis of each, as ``beam_search`` finds it. In eval
-        mode, each module's mode given back afterwards."""
+        mode, each module's mode given back afterwards; without grad (``decoding``), the
+        hypotheses handed back as ordinary tensors."""
         check_source(src, src_mask)  # the settings were checked when this decoder was built
         arguments, step = self.arguments, self.next_token_logp
-        with eval_mode(step.model):
+        with step.decoding(), eval_mode(step.model):
             step.start(src, src_mask, beams=arguments["beam_size"])
             limit = torch.full((src.shape[0],), arguments["max_len"] - 1, device=src.device)  # (B,)
             dtype = torch.promote_types(step.cache.dtype, torch.float32)  # as beam_search adds them up
             with ids_range_checked():  # the search's ids lie in [0, V), its positions in [0, max_len)
-                return search(step, limit, dtype, bos_id=arguments["bos_id"], eos_id=arguments["eos_id"],
+                best = search(step, limit, dtype, bos_id=arguments["bos_id"], eos_id=arguments["eos_id"],
                               pad_id=self.config.pad_id, beam_size=arguments["beam_size"],
                               alpha=arguments["alpha"])
+        return Hypotheses(best.tokens.clone(), best.scores.clone())  # outside inference mode
 
 
 def static_greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *,

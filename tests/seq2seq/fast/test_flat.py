@@ -159,3 +159,26 @@ def test_the_flat_step_refuses_training_mode_and_a_cache_it_did_not_start():
         flat.train()
         with pytest.raises(RuntimeError, match="no dropout: call it in eval mode"):
             flat.static_step(tgt[:, :1], torch.tensor(0), flat.start_static_cache(memory, src_mask, 4))
+
+
+@pytest.mark.parametrize("flat", [False, True], ids=["static", "flat"])
+def test_an_eager_decoders_results_are_ordinary_tensors_and_its_cache_follows_the_grad_mode(copy_model, flat):
+    """An eager call decodes in inference mode (less per op). What it hands back must still be
+    an ordinary tensor: ids a training step may embed (autograd saves them), scores it may use.
+    And its next-token step, called directly afterwards outside inference mode, starts a cache of
+    its own rather than refilling the inference-mode one in place (which torch refuses)."""
+    model = copy_model.build("fused", torch.float32)
+    src, src_mask = copy_model.src[:4], copy_model.src_mask[:4]
+    arguments = dict(max_len=6, bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID, flat=flat)
+    greedy = StaticGreedy(model, **arguments)
+    tokens = greedy(src, src_mask)
+    best = StaticBeam(model, **arguments)(src, src_mask)
+    for tensor in (tokens, best.tokens, best.scores):
+        assert not torch.is_inference(tensor)
+    embedding = nn.Embedding(copy_model.config.tgt_vocab_size, 3)
+    embedding(tokens).sum().backward()  # the ids saved for backward
+    assert embedding.weight.grad is not None
+    step = greedy.next_token_logp
+    with torch.no_grad():
+        step.start(src, src_mask)
+        assert not torch.is_inference(step(tokens[:, :1]))
