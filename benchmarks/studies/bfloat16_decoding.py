@@ -6,7 +6,8 @@
 The model file of a translation run, held by fused, decodes the test split of its corpus,
 greedy and beam 4 each: the readable search in float32 (``seq2seq.search``, what
 ``python -m seq2seq.translate --score`` runs), always, and the fast path's static step in the
-rows asked (``--rows``; by default every one this CPU runs): "onednn float32" on oneDNN's packed
+rows asked (``--rows``; by default every one this CPU runs), each with compare.py's levers
+(``benchmarks.engines.rows.FAST_PATHS``: the flat step): "onednn float32" on oneDNN's packed
 float32 linears, "onednn bfloat16" on linears packed in bfloat16 (``seq2seq.fast.onednn``, where
 oneDNN has bfloat16 kernels), "int8" on int8 weights with int8 products (``seq2seq.fast.int8``,
 where PyTorch has fbgemm; its inputs are quantized per call over the batch, so a sentence's
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from benchmarks.engines.rows import FAST_PATHS
 from common.bfloat16 import bfloat16_support
 from common.cli import Parser, first_line, positive
 from common.files import FileError, check_output
@@ -81,10 +83,10 @@ def runnable_rows() -> tuple[str, ...]:
 def fast_decoder(model: nn.Module, row: str, beam: int, ids: dict) -> Callable[[Tensor, Tensor], Tensor]:
     """``row``'s static decoder over ``model`` (greedy, or beam search of ``beam``), as a search
     of ``translate_sentences``."""
-    if row == "int8":
-        model, levers = with_int8_linears(model), ids
+    if row == "int8":  # the levers of compare.py's row of the same name
+        model, levers = with_int8_linears(model), FAST_PATHS["int8"] | ids
     else:
-        levers = dict(onednn=True, onednn_dtype=getattr(torch, row.removeprefix("onednn ")), **ids)
+        levers = FAST_PATHS["onednn"] | dict(onednn_dtype=getattr(torch, row.removeprefix("onednn ")), **ids)
     return (StaticGreedy(model, **levers) if beam == 1 else
             best_tokens(StaticBeam(model, beam_size=beam, alpha=ALPHA, **levers)))
 

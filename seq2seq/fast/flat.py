@@ -7,7 +7,7 @@ softmax and a matrix product. A lever of the fast decoding path, for an eager st
 
 ``FlatDecoding(model)`` wraps fused (or its copy on packed or int8 linears,
 ``seq2seq.fast.onednn``, ``seq2seq.fast.int8``) and answers what ``StaticNextToken`` asks of a
-model: ``encode``, ``project`` and ``generator`` are the model's, ``start_static_cache`` and
+model: ``project`` and ``generator`` are the model's; ``encode``, ``start_static_cache`` and
 ``static_step`` its own, over a ``FlatCache``. The step computes what fused's ``static_step``
 computes (post- or pre-norm, the configured activation, the final norm): the tests hold it to
 ``decode_step`` at every position, and its decoders to ``greedy_decode`` and ``beam_search``.
@@ -26,11 +26,21 @@ this step does instead:
 - One SDPA call per attention, whose set-up outweighs its arithmetic at one query of 64 numbers
   per head. Here, softmax(q K^T / sqrt(Dh) + mask) V as two batched matrix products.
 
+- The encoder and the cross-attention's key and value projection run on every token, padding
+  included. Here, where the source mask is one key mask that leaves every source an open key
+  (``open_tokens``), every product but attention's runs on the open tokens alone, packed as
+  (N, D) rows; attention lays them out (B, S) again, the closed tokens zero and hidden as keys.
+  A closed token's outputs never reach a decoder output (its key is closed to every query), so
+  the memory there is left zero. A batch of sources of many lengths encodes its tokens, not
+  B·S: at batch 32, one source of each length 1..32 is half the work.
+
 A source with no open key (its mask all False, for a head or all): fused opens every key to its
 query and zeroes the query, so every score is 0 and the softmax uniform. Here that source's
 keys are zeroed once, when the cache starts: every score is again exactly 0.
 
-Eval only: the step has no dropout, and refuses a model in training mode. Eager only: the
+Eval only: the step and the encoder have no dropout, and refuse a model in training mode. On
+int8 linears, which quantize each call's input over the whole call, packing changes what the
+encoder's products round: the padding's activations no longer count in an input's range. Eager only: the
 step reads its position on the host (to slice the written slots), which a compiled step must not.
 
 Shape legend:
@@ -45,6 +55,7 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from common import checks
@@ -120,7 +131,45 @@ class FlatDecoding(nn.Module):
         self.train(model.training)  # the model's mode, not a fresh module's (training)
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
-        return self.model.encode(src, src_mask)  # (B, S, D)
+        """(B, S) source ids -> (B, S, D) memory: fused's encoder on the open tokens alone where
+        ``src_mask`` is a key mask that closes some (``open_tokens``), zeros at the closed ones;
+        otherwise the model's ``encode``. Every product but attention's runs on the N open
+        tokens, (N, D), not on B·S."""
+        checks.check_source(self.model, src, src_mask)
+        keep = open_tokens(src_mask, src.shape)  # (B, S) or None
+        if keep is None:
+            return self.model.encode(src, src_mask)  # (B, S, D)
+        if self.training:
+            raise RuntimeError("a flat encoder has no dropout: call it in eval mode (model.eval())")
+        x = self.model.src_embed(src) * math.sqrt(self.config.d_model)  # (B, S, D)
+        x = (x + self.model.pe[: src.shape[1]].to(x.dtype))[keep]  # (N, D): E[ids] * sqrt(D) + PE, open only
+        bias = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, -math.inf)
+        bias = bias[:, None, None, :]  # (B, 1, 1, S): every source has an open key
+        for layer in self.model.encoder.layers:
+            x = self.encoder_layer(layer, x, keep, bias)
+        memory = x.new_zeros(*keep.shape, self.config.d_model)  # (B, S, D)
+        memory[keep] = self.model.encoder.norm(x)
+        return memory
+
+    def encoder_layer(self, layer: nn.Module, x: Tensor, keep: Tensor, bias: Tensor) -> Tensor:
+        """One encoder layer on the (N, D) open tokens: self-attention, then feed-forward, each
+        with its residual and norm (post- or pre-norm)."""
+        if layer.norm_first:
+            x = x + self.packed_self_attention(layer.self_attn, layer.norm1(x), keep, bias)
+            return x + self.feed_forward(layer.feed_forward, layer.norm2(x))
+        x = layer.norm1(x + self.packed_self_attention(layer.self_attn, x, keep, bias))
+        return layer.norm2(x + self.feed_forward(layer.feed_forward, x))  # (N, D)
+
+    def packed_self_attention(self, attention: nn.Module, x: Tensor, keep: Tensor, bias: Tensor) -> Tensor:
+        """Self-attention of the (N, D) open tokens over each other, source by source: projected
+        as N rows, laid out (B, S) for the attention (zeros at the closed tokens, which ``bias``
+        hides as keys and whose outputs are dropped), packed again for ``out_proj``."""
+        batch, src_len = keep.shape
+        qkv = x.new_zeros(batch, src_len, 3 * self.config.d_model)  # (B, S, 3D)
+        qkv[keep] = attention.qkv_proj(x)
+        q, k, v = qkv.unflatten(-1, (3, self.heads, -1)).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, S, Dh)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # (B, H, S, Dh)
+        return attention.out_proj(out.transpose(1, 2).flatten(2)[keep])  # (N, D)
 
     def project(self, hidden: Tensor) -> Tensor:
         return self.model.project(hidden)  # (R, 1, V)
@@ -143,16 +192,31 @@ class FlatDecoding(nn.Module):
         src_bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=memory.device)
         src_bias = src_bias.masked_fill(~(src_mask | no_key), -math.inf)  # (B, 1 or H, 1, S)
         cross_keys, cross_values = [], []
-        for layer in self.model.decoder.start_cache(memory):  # (B, S, D) each
-            keys = layer.cross_keys.unflatten(-1, (self.heads, head_dim)).transpose(1, 2)  # (B, H, S, Dh)
+        for keys, values in self.cross_keys_values(memory, open_tokens(src_mask, (batch, src_len))):
+            keys = keys.unflatten(-1, (self.heads, head_dim)).transpose(1, 2)  # (B, H, S, Dh)
             cross_keys.append(keys.masked_fill(no_key, 0.0).contiguous())  # every score 0 without a key
-            cross_values.append(layer.cross_values.unflatten(-1, (self.heads, head_dim)).transpose(1, 2)
+            cross_values.append(values.unflatten(-1, (self.heads, head_dim)).transpose(1, 2)
                                 .contiguous())  # (B, H, S, Dh)
         shape = (rows, self.heads, max_len, head_dim)
         # finite (0 x NaN is not 0); each layer's keys, then its values
         zeros = [[memory.new_zeros(shape) for _ in cross_keys] for _ in range(2)]
         self_bias = torch.full((rows, 1, 1, max_len), -math.inf, dtype=memory.dtype, device=memory.device)
         return FlatCache(weakref.ref(self), *zeros, cross_keys, cross_values, self_bias, src_bias)
+
+    def cross_keys_values(self, memory: Tensor, keep: Tensor | None) -> list[tuple[Tensor, Tensor]]:
+        """Each decoder layer's cross-attention keys and values of (B, S, D) memory, (B, S, D)
+        each: projected at the ``keep`` (B, S) tokens alone and zero at the others (closed to
+        every query), or at every token (None)."""
+        if keep is None:
+            starts = self.model.decoder.start_cache(memory)
+            return [(layer.cross_keys, layer.cross_values) for layer in starts]
+        open_memory = memory[keep]  # (N, D)
+        pairs = []
+        for layer in self.model.decoder.layers:
+            keys_values = memory.new_zeros(*keep.shape, 2 * self.config.d_model)  # (B, S, 2D)
+            keys_values[keep] = layer.cross_attn.kv_proj(open_memory)
+            pairs.append(keys_values.split(self.config.d_model, dim=-1))
+        return pairs
 
     def static_step(self, tgt: Tensor, position: Tensor, cache: FlatCache) -> Tensor:
         """(R, 1) ids at ``position`` (0-d int64) -> (R, 1, D), as fused's ``static_step``: writes
@@ -233,3 +297,20 @@ def has_module(module: nn.Module, name: str) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def open_tokens(src_mask: Tensor | None, shape: tuple[int, int]) -> Tensor | None:
+    """(B, S) True at the tokens a key mask leaves open, where skipping the others changes no
+    decoder output: ``src_mask`` one key mask for every head and query, (B or 1, 1, 1, S) after
+    ``batch_first``, that closes some token and leaves every source one open (a source with none
+    attends uniformly to every key, closed ones included). None otherwise: no mask, per-head or
+    per-query masks, nothing closed, or a source with no open key."""
+    if src_mask is None:
+        return None
+    mask = batch_first(src_mask, shape[0])  # (B, 1 or H, 1 or S, S)
+    if mask.shape[1:3] != (1, 1):
+        return None
+    keep = mask[:, 0, 0, :].expand(shape)  # (B, S)
+    if keep.all() or not keep.any(dim=1).all():
+        return None
+    return keep

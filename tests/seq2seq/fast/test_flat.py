@@ -114,13 +114,15 @@ def test_on_the_int8_copy_the_flat_step_picks_the_int8_steps_tokens(copy_model):
     log-prob in this model), the flat step must pick that token too."""
     margin = 0.5
     quantized = with_int8_linears(copy_model.build("fused", torch.float32))
-    tokens = greedy_decode(quantized, copy_model.src, copy_model.src_mask, max_len=10,
+    # no source mask: the flat encoder then encodes every token as fused does; on a padded batch
+    # it skips the padding, whose activations no longer count in an int8 input's range
+    tokens = greedy_decode(quantized, copy_model.src, None, max_len=10,
                            bos_id=tasks.BOS_ID, eos_id=tasks.EOS_ID)
     found, expected = (StaticNextToken(quantized, 10, flat=flat) for flat in (True, False))
     checked = 0
     with torch.no_grad():
         for step in (found, expected):
-            step.start(copy_model.src, copy_model.src_mask)
+            step.start(copy_model.src, None)
         for length in range(1, tokens.shape[1]):
             flat_logp, logp = found(tokens[:, :length]), expected(tokens[:, :length])  # (B, V)
             top = logp.topk(2, dim=-1).values  # (B, 2)
@@ -128,6 +130,36 @@ def test_on_the_int8_copy_the_flat_step_picks_the_int8_steps_tokens(copy_model):
             assert torch.equal(flat_logp[clear].argmax(dim=-1), logp[clear].argmax(dim=-1)), length
             checked += int(clear.sum())
     assert checked > tokens.shape[0], "most steps of a trained copy model should be clear"
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post", "pre"])
+def test_the_flat_encoder_encodes_the_open_tokens_as_fused_does(norm_first):
+    """A padded batch (row r holds r padding tokens): the memory at every open token is fused's,
+    computed from the open tokens alone; zero at the padding."""
+    model = fused64(norm_first=norm_first)
+    src, _, src_mask, _ = random_batch(model.config, 4, 7, 2).inputs()
+    keep = src_mask[:, 0, 0, :]  # (B, S)
+    assert not keep.all() and keep.any(dim=1).all()
+    with torch.no_grad():
+        found = FlatDecoding(model).encode(src, src_mask)
+        expected = model.encode(src, src_mask)
+    torch.testing.assert_close(found[keep], expected[keep], **FLOAT64_TOL)
+    assert (found[~keep] == 0).all()
+
+
+def test_the_flat_encoder_is_fuseds_where_skipping_tokens_would_change_a_decoder_output():
+    """No mask, a mask that closes nothing, per-head masks, and a source with no open key (it
+    attends to every key, closed ones included): the model's own encode, bit for bit."""
+    model = fused64()
+    flat = FlatDecoding(model)
+    src, _, src_mask, _ = random_batch(model.config, 3, 6, 2).inputs()
+    heads = src_mask.expand(-1, model.config.n_heads, -1, -1).clone()  # (B, H, 1, S)
+    heads[0, 1] = True
+    no_key = src_mask.clone()
+    no_key[1] = False
+    with torch.no_grad():
+        for mask in (None, torch.ones_like(src_mask), heads, no_key):
+            assert torch.equal(flat.encode(src, mask), model.encode(src, mask))
 
 
 def test_bad_flat_settings_are_refused_by_name():
