@@ -11,7 +11,8 @@ with a static step) in each ``--modes`` entry ("eager", or a torch.compile mode:
 (``beam_search``) with the growing cache as the baseline, on one batch of random seeded weights.
 ``--freezing`` adds each compiled mode with inductor freezing (refused without a compiled mode);
 ``--onednn`` an eager row with the model's linears on oneDNN (``seq2seq.fast.onednn``, CPU
-float32); ``--log-probs`` each greedy row with its argmax over the log-probabilities instead of
+float32); ``--flat`` each eager row again on the flat step (``seq2seq.fast.flat``);
+``--log-probs`` each greedy row with its argmax over the log-probabilities instead of
 the logits. Each row first decodes twice untimed (compiling, then recording its graph), then is
 timed by ``torch.utils.benchmark`` (which synchronises CUDA); the rows run one after another, so
 run it on otherwise idle cores.
@@ -60,26 +61,30 @@ class StaticDecodeSettings:
     freezing: bool = False  # each compiled mode frozen too, a row each
     log_probs: bool = False  # each greedy row with the argmax of the log-probs too
     onednn: bool = False  # an eager row with the model's linears on oneDNN (CPU float32)
+    flat: bool = False  # each eager row again on the flat step (seq2seq.fast.flat)
 
 
 def decoders(settings: StaticDecodeSettings, model: torch.nn.Module, src: torch.Tensor,
              src_mask: torch.Tensor, ids: dict) -> dict[str, Callable[[], torch.Tensor]]:
     """The rows by name, each search's baseline first; every call returns (B, L) ids."""
     rows = {}
-    levers = [(mode, False, False) for mode in settings.modes]  # (mode, freezing, onednn)
+    levers = [(mode, False, False, False) for mode in settings.modes]  # (mode, freezing, onednn, flat)
     if settings.freezing:
-        levers += [(mode, True, False) for mode in settings.modes if mode != EAGER]
+        levers += [(mode, True, False, False) for mode in settings.modes if mode != EAGER]
     if settings.onednn:  # eager only: inductor compiles no linear on weights packed outside it
-        levers += [(EAGER, False, True)]
+        levers += [(EAGER, False, True, False)]
+    if settings.flat:  # eager only: the flat step reads its position on the host
+        levers += [(EAGER, False, onednn, True) for mode, _, onednn, _ in levers if mode == EAGER]
     for search in settings.searches:
         if search == "greedy":
             rows["greedy_decode (growing cache)"] = lambda: greedy_decode(model, src, src_mask, **ids)
         else:
             rows["beam_search (growing cache)"] = lambda: beam_search(model, src, src_mask, **ids).tokens
-        for mode, freezing, onednn in levers:
-            options = dict(compile_mode=None if mode == EAGER else mode, freezing=freezing, onednn=onednn)
+        for mode, freezing, onednn, flat in levers:
+            options = dict(compile_mode=None if mode == EAGER else mode, freezing=freezing, onednn=onednn,
+                           flat=flat)
             name = (f"static {search}, {mode}" + (", frozen" if freezing else "")
-                    + (", oneDNN" if onednn else ""))
+                    + (", oneDNN" if onednn else "") + (", flat" if flat else ""))
             if search == "beam":
                 beam = StaticBeam(model, **options, **ids)
                 rows[name] = lambda beam=beam: beam(src, src_mask).tokens
@@ -133,12 +138,17 @@ def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
                         help="each compiled mode with inductor freezing too")
     parser.add_argument("--onednn", action="store_true",
                         help="an eager row with the model's linears on oneDNN (CPU float32)")
+    parser.add_argument("--flat", action="store_true",
+                        help="each eager row again on the flat step (seq2seq.fast.flat)")
     parser.add_argument("--log-probs", action="store_true",
                         help="each greedy row with the argmax of the log-probs too (the lever)")
     args = parser.parse_args(argv)
     config = TransformerConfig(**TIMING_PRESETS[args.preset].fields)
     if args.freezing and all(mode == EAGER for mode in args.modes):
         parser.error(f"--freezing applies to compiled modes only: give --modes a torch.compile mode too, "
+                     f"got --modes {' '.join(args.modes)}")
+    if args.flat and EAGER not in args.modes and not args.onednn:
+        parser.error(f"--flat applies to eager rows only: give --modes eager or --onednn too, "
                      f"got --modes {' '.join(args.modes)}")
     if args.onednn and (args.device != "cpu" or args.dtype != "float32"):
         parser.error(f"--onednn is a CPU float32 lever, got --device {args.device} --dtype {args.dtype}")
@@ -149,7 +159,8 @@ def parse(argv: list[str] | None = None) -> StaticDecodeSettings:
                      f"got {args.src_len}")
     return StaticDecodeSettings(device_or_exit(parser, args.device), DTYPES[args.dtype], args.preset,
                                 args.batch, args.src_len, args.max_len, tuple(args.modes), args.min_run_time,
-                                tuple(dict.fromkeys(args.search)), args.freezing, args.log_probs, args.onednn)
+                                tuple(dict.fromkeys(args.search)), args.freezing, args.log_probs, args.onednn,
+                                args.flat)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from benchmarks.studies.static_decode import main, parse
+from seq2seq.fast.flat import FlatDecoding
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -22,19 +23,30 @@ def test_a_row_per_decoder_each_with_the_baselines_tokens(capsys):
     assert rows == [("greedy_decode (growing cache)", "yes"), ("static greedy, eager", "yes")]
 
 
-def test_each_lever_is_a_row_and_each_search_has_its_baseline(capsys):
+def test_each_lever_is_a_row_and_each_search_has_its_baseline(capsys, monkeypatch):
     """Beam rows against beam_search's hypotheses, greedy rows against greedy_decode's tokens
-    (eager only: --freezing, a compile option, is refused with it, below)."""
+    (eager only: --freezing, a compile option, is refused with it, below); the flat rows step
+    through the flat step."""
+    flat_steps = []
+    step = FlatDecoding.static_step
+    monkeypatch.setattr(FlatDecoding, "static_step",
+                        lambda self, *args: flat_steps.append(1) or step(self, *args))
     assert main(["--device", "cpu", "--preset", "tiny", "--batch", "2", "--src-len", "4", "--max-len", "4",
-                 "--modes", "eager", "--search", "greedy", "beam", "--log-probs", "--onednn",
+                 "--modes", "eager", "--search", "greedy", "beam", "--log-probs", "--onednn", "--flat",
                  "--min-run-time", "0.01"]) == 0
     rows = re.findall(r"^\| (.+?) +\|.*\| (yes|no) +\|$", capsys.readouterr().out, flags=re.M)
     assert rows == [("greedy_decode (growing cache)", "yes"), ("static greedy, eager", "yes"),
                     ("static greedy, eager, argmax of log-probs", "yes"),
                     ("static greedy, eager, oneDNN", "yes"),
                     ("static greedy, eager, oneDNN, argmax of log-probs", "yes"),
+                    ("static greedy, eager, flat", "yes"),
+                    ("static greedy, eager, flat, argmax of log-probs", "yes"),
+                    ("static greedy, eager, oneDNN, flat", "yes"),
+                    ("static greedy, eager, oneDNN, flat, argmax of log-probs", "yes"),
                     ("beam_search (growing cache)", "yes"), ("static beam, eager", "yes"),
-                    ("static beam, eager, oneDNN", "yes")]
+                    ("static beam, eager, oneDNN", "yes"), ("static beam, eager, flat", "yes"),
+                    ("static beam, eager, oneDNN, flat", "yes")]
+    assert flat_steps
 
 
 def test_the_gpu_scripts_command_is_accepted(monkeypatch):
@@ -62,6 +74,15 @@ def test_onednn_is_refused_off_cpu_float32(capsys):
         parse(["--device", "cpu", "--preset", "tiny", "--dtype", "bfloat16", "--onednn"])
     assert stop.value.code == 2
     assert "--onednn is a CPU float32 lever, got --device cpu --dtype bfloat16" in capsys.readouterr().err
+
+
+def test_flat_without_an_eager_row_is_refused(capsys):
+    """The flat step runs eagerly: with compiled modes alone it would add no row."""
+    with pytest.raises(SystemExit) as stop:
+        parse(["--device", "cpu", "--preset", "tiny", "--modes", "default", "--flat"])
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--flat applies to eager rows only" in line and "got --modes default" in line, line
 
 
 def test_freezing_without_a_compiled_mode_is_refused(capsys):
