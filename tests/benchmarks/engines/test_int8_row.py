@@ -15,6 +15,7 @@ from common.random_batch import random_batch
 from common.weights import transfer
 from compare import parse_args
 from seq2seq.data.ids import BOS_ID, timing_eos_id
+from seq2seq.fast.flat import FlatDecoding
 from seq2seq.fast.int8 import int8_available, with_int8_linears
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
@@ -66,3 +67,22 @@ def test_without_fbgemm_the_int8_row_is_refused_before_any_work(monkeypatch, cap
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "the int8 row runs PyTorch's fbgemm quantized engine" in line
+
+
+@FBGEMM
+@pytest.mark.parametrize("engine", ["onednn", "int8"])
+def test_the_onednn_and_int8_rows_decode_on_the_flat_step(tmp_path, monkeypatch, engine):
+    """Their greedy and beam decoders step through ``seq2seq.fast.flat.FlatDecoding``, the lever
+    their rows are measured with (``FAST_PATHS``)."""
+    steps = []
+    step = FlatDecoding.static_step
+    monkeypatch.setattr(FlatDecoding, "static_step", lambda self, *args: steps.append(1) or step(self, *args))
+    settings = tiny_settings()
+    reference = build("torch", settings.config, seed=3).eval()
+    batch = random_batch(settings.config, 3, 6, 2)
+    (row,) = engine_rows(reference, batch, 5, tmp_path,
+                         EngineSettings(engines=(engine,), precisions=("float32", "int8")))
+    for mode in ("decode", "beam"):
+        steps.clear()
+        row.steps[mode]()
+        assert steps, mode
