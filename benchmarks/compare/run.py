@@ -45,7 +45,7 @@ from benchmarks.compare.steps import (
     forward_step,
     is_training,
 )
-from benchmarks.compare.timing import MatmulPeak, Peak, float32_matmul_precision, time_step, warmed_cell
+from benchmarks.compare.timing import MatmulPeak, Peak, float32_matmul_precision, time_step
 from benchmarks.compare.workload import DTYPES, Shape, gemm_shapes, small_shape_warning
 from benchmarks.engines.rows import EngineSettings, engine_rows
 from common.random_batch import Batch, random_batch
@@ -258,9 +258,8 @@ def check_log_probs(rows: list[Row], block: Block) -> Tensor | None:
 def prepare(row: Row, settings: Settings, block: Block, reference_logp: Tensor | None) -> None:
     """Build the row's steps, make the first calls that tell something and keep it (their
     results are freed on return, before any timing): with compile every step's (compiling), else
-    the decoders' (the ids they produce), which also warms an eager decoder up and sizes its
-    block (``warmed_cell``). An eager forward or train step is not called here: its first
-    round's call, never kept (``time_step``), is its warm-up."""
+    the decoders' (the ids they produce). An eager forward or train step is not called here:
+    its first round's call, never kept (``time_step``), is its warm-up."""
     row.steps = steps_for(row, settings, block)
     first = settings.modes if settings.compile else tuple(mode for mode in settings.modes
                                                           if mode in DECODE_MODES)
@@ -268,9 +267,6 @@ def prepare(row: Row, settings: Settings, block: Block, reference_logp: Tensor |
     count_decoded_ids(row, first_calls)
     if settings.compile:
         record_compiled(row, first_calls, reference_logp)
-        return
-    for mode, call in first_calls.items():  # an eager decoder's first call was its warm-up
-        row.cells[mode] = warmed_cell(call.seconds, settings.min_run_time)
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,7 @@ from torch.utils.benchmark.utils.common import TaskSpec
 from benchmarks.compare.measured import Cell
 
 # A step that takes at least this long (seconds a call: one call fills a block) is timed, after
-# its first round (or from it, where a call before the rounds sized its block: ``warmed_cell``),
-# without the call not kept, which would double its cells' time. Coming back to
+# its first round, without the call not kept, which would double its cells' time. Coming back to
 # a row after the other rows' calls, such a step reads its weights from memory either way (the
 # small preset's 47 MB are more than the caches): timed right after the other rows and again at
 # once, every row's small-preset step differed by under 1% (docs/results/cpu-small-default-cost.md).
@@ -32,10 +31,9 @@ def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_t
     """One more round of ``step``: one call not kept, then ``cell.number`` calls timed as one
     block (about ``min_run_time`` seconds, at least one call), merged into ``cell`` with its
     calls and minor page faults. The call not kept is the step's first ever in the first round
-    (first-call set-up), and sizes the block, unless the cell was sized by an earlier call
-    (``warmed_cell``); after that, it brings a short step's weights back into the caches the
-    other rows' calls of the round took over, and steps of at least ``WARM_CALL_BELOW``, for
-    which it would pay nothing back, skip it. (``blocked_autorange``
+    (first-call set-up), and sizes the block; after that, it brings a short step's weights back
+    into the caches the other rows' calls of the round took over, and steps of at least
+    ``WARM_CALL_BELOW``, for which it would pay nothing back, skip it. (``blocked_autorange``
     warms up with its estimate; ``Timer.timeit`` with two calls each time.) ``timeit.Timer``
     with a clock that waits for CUDA is the timer. An exception from the step propagates;
     ``cell`` is then unchanged."""
@@ -47,11 +45,11 @@ def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_t
         step()
 
     timer = timeit.Timer(counted, timer=synchronized_clock)
-    if cell.number is None or (cell.seconds is not None and cell.seconds < WARM_CALL_BELOW):
+    if cell.number is None or cell.seconds < WARM_CALL_BELOW:
         warm = timer.timeit(1)
         calls = 0
         if cell.number is None:
-            cell.number = calls_per_block(warm, min_run_time)
+            cell.number = max(1, round(min_run_time / warm)) if warm > 0 else 1
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     seconds = timer.timeit(cell.number)
     cell.page_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
@@ -61,22 +59,6 @@ def time_step(cell: Cell, step: Callable[[], object], *, threads: int, min_run_t
     cell.rounds.append(measurement.median)
     previous = [cell.measurement] if cell.measurement else []
     cell.measurement = Measurement.merge([*previous, measurement])[0]
-
-
-def calls_per_block(seconds: float, min_run_time: float) -> int:
-    """How many calls of a step that took ``seconds`` fill a block of ``min_run_time``: one at
-    least."""
-    return max(1, round(min_run_time / seconds)) if seconds > 0 else 1
-
-
-def warmed_cell(first_call_s: float, min_run_time: float) -> Cell:
-    """The cell of a step already called once before the rounds (an eager decoder's first call,
-    which ``prepare`` makes for the ids it produces): one that took at least ``WARM_CALL_BELOW``
-    has paid its first-call set-up and fills a block alone, so its first round is timed without
-    a call not kept, as its later rounds are; a shorter one is left to ``time_step``."""
-    if first_call_s < WARM_CALL_BELOW:
-        return Cell()
-    return Cell(number=calls_per_block(first_call_s, min_run_time))
 
 
 def synchronized_clock() -> float:

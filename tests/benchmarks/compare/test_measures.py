@@ -199,45 +199,6 @@ def test_a_step_longer_than_the_warm_call_limit_skips_it_after_the_first_round(m
     assert len(invoked) == 3 * cell.number + 1  # only the first round's call sized the block
 
 
-def test_a_step_warmed_up_before_the_rounds_is_timed_from_its_first_round_without_a_call_not_kept(
-        monkeypatch):
-    """An eager decoder's first call, made before the rounds, took at least WARM_CALL_BELOW: its
-    cell is sized from it, and no round makes a call it does not keep. A shorter first call
-    leaves the cell to time_step, which makes one."""
-    limit = timing.WARM_CALL_BELOW
-    assert timing.warmed_cell(limit / 2, min_run_time=0.001).number is None
-    assert timing.warmed_cell(limit, min_run_time=0.001).number == 1
-    assert timing.warmed_cell(0.1, min_run_time=0.5).number == 5  # a block of min_run_time
-    monkeypatch.setattr(timing, "WARM_CALL_BELOW", 0.0)  # every step counts as long here
-    invoked = []
-    cell = timing.warmed_cell(0.01, min_run_time=0.001)
-    assert cell.number == 1 and cell.measurement is None
-    for _ in range(3):
-        time_step(cell, lambda: invoked.append(1), threads=1, min_run_time=0.001)
-    assert len(invoked) == cell.calls == 3
-
-
-@pytest.mark.parametrize("compile_", [False, True])
-def test_the_decoders_first_calls_size_their_cells_eager_only(monkeypatch, compile_):
-    """Eager, a decoder whose first call took WARM_CALL_BELOW or more starts the rounds sized
-    (``warmed_cell``); compiled, no cell is (its first call compiled, and a CUDA graph records
-    on its second)."""
-    monkeypatch.setattr(benchmarks.compare.run, "warm_up", lambda row, modes, device: {
-        mode: benchmarks.compare.run.FirstCall(None, timing.WARM_CALL_BELOW) for mode in modes})
-    monkeypatch.setattr(benchmarks.compare.run, "count_decoded_ids", lambda row, first_calls: None)
-    monkeypatch.setattr(benchmarks.compare.run, "record_compiled", lambda row, first_calls, logp: None)
-    config = TransformerConfig(**TIMING_PRESETS["tiny"].fields)
-    settings = Settings(config=config, shapes=(Shape(2, 8, 6),), decode_len=4, compile=compile_,
-                        all_decoders=True, show_progress=False)
-    model = build("explicit", config, seed=0)
-    row = Row("explicit", model, cells={mode: Cell() for mode in settings.modes})
-    batch = random_batch(config, 2, 8, 6, seed=0)
-    block = Block("cpu", "float32", Shape(2, 8, 6), batch, contextlib.nullcontext)
-    benchmarks.compare.run.prepare(row, settings, block, reference_logp=None)
-    sized = {mode for mode, cell in row.cells.items() if cell.number is not None}
-    assert sized == (set() if compile_ else {"decode", "decode_uncached", "beam"})
-
-
 @pytest.mark.parametrize("compile_", [False, True])
 def test_only_the_first_calls_that_tell_something_are_made_before_the_rounds(monkeypatch, compile_):
     """Eager, a row's forward and train step are first called in the first round (by the call
