@@ -36,7 +36,9 @@ beam, the compile options: ``check_arguments``, ``check_beam_arguments``), and a
 what the call brings, the source and its mask (``check_source``). Each call decodes in eval mode,
 as ``greedy_decode`` and ``beam_search`` do: the model it steps (the packed copy, with
 ``onednn``) is switched to eval for the call, without dropout, and each of its modules is given
-its own mode back afterwards, after an exception too (``eval_mode``).
+its own mode back afterwards, after an exception too (``eval_mode``). An eager call runs in
+inference mode and a compiled one under no_grad (``StaticNextToken.decoding``); what it hands
+back is an ordinary tensor either way.
 
 Shape legend:
     B  batch (beam search: sources x beams)   S  source length
