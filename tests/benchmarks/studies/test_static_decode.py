@@ -76,21 +76,21 @@ def test_onednn_is_refused_off_cpu_float32(capsys):
     assert "--onednn is a CPU float32 lever, got --device cpu --dtype bfloat16" in capsys.readouterr().err
 
 
-def test_flat_without_an_eager_row_is_refused(capsys):
-    """The flat step runs eagerly: with compiled modes alone it would add no row."""
+@pytest.mark.parametrize(("options", "message", "got"), [
+    (["--modes", "eager", "--freezing"], "--freezing applies to compiled modes only", "got --modes eager"),
+    (["--modes", "default", "--flat"], "--flat applies to eager rows only", "got --modes default"),
+], ids=["freezing-eager-only", "flat-compiled-only"])
+def test_a_lever_without_the_rows_it_applies_to_is_refused(capsys, options, message, got):
+    """--freezing freezes compiled modes only, and the flat step runs eagerly: either alone with
+    the other kind of rows would change nothing."""
     with pytest.raises(SystemExit) as stop:
-        parse(["--device", "cpu", "--preset", "tiny", "--modes", "default", "--flat"])
+        parse(["--device", "cpu", "--preset", "tiny", *options])
     assert stop.value.code == 2
     (line,) = capsys.readouterr().err.splitlines()
-    assert "--flat applies to eager rows only" in line and "got --modes default" in line, line
+    assert message in line and got in line, line
 
 
-def test_freezing_without_a_compiled_mode_is_refused(capsys):
-    """--freezing freezes compiled modes only: with eager alone it would change nothing."""
-    with pytest.raises(SystemExit) as stop:
-        parse(["--device", "cpu", "--preset", "tiny", "--modes", "eager", "--freezing"])
-    assert stop.value.code == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    assert "--freezing applies to compiled modes only" in line and "got --modes eager" in line, line
-    settings = parse(["--device", "cpu", "--preset", "tiny", "--modes", "eager", "default", "--freezing"])
-    assert settings.freezing and settings.modes == ("eager", "default")
+def test_the_levers_are_accepted_with_their_rows():
+    settings = parse(["--device", "cpu", "--preset", "tiny", "--modes", "eager", "default",
+                      "--freezing", "--flat"])
+    assert settings.freezing and settings.flat and settings.modes == ("eager", "default")
