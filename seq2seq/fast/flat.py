@@ -63,11 +63,12 @@ from common.activations import activation
 from common.cache import batch_first
 from seq2seq.fast.onednn import SERVED
 
-# what a flat step calls: the model's and each decoder layer's modules (fused's names)
-MODEL_MODULES = ("tgt_embed", "decoder.norm", "generator")
-LAYER_MODULES = ("self_attn.qkv_proj", "self_attn.out_proj", "cross_attn.q_proj", "cross_attn.out_proj",
-                 "feed_forward.linear1", "feed_forward.linear2",
-                 "norm1", "norm2", "norm3")
+# what the flat encoder and step call: the model's and each layer's modules (fused's names)
+MODEL_MODULES = ("src_embed", "tgt_embed", "encoder.norm", "decoder.norm", "generator")
+ENCODER_LAYER_MODULES = ("self_attn.qkv_proj", "self_attn.out_proj", "feed_forward.linear1",
+                         "feed_forward.linear2", "norm1", "norm2")
+LAYER_MODULES = (*ENCODER_LAYER_MODULES, "cross_attn.q_proj", "cross_attn.kv_proj", "cross_attn.out_proj",
+                 "norm3")
 
 
 @dataclass
@@ -114,7 +115,7 @@ class FlatCache:
 
 
 class FlatDecoding(nn.Module):
-    """fused's ``encode``, ``project`` and ``generator`` beside a flat ``start_static_cache`` and
+    """fused's ``project`` and ``generator`` beside a flat ``encode``, ``start_static_cache`` and
     ``static_step`` (module docstring): what ``StaticNextToken(..., flat=True)`` steps on."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -281,13 +282,15 @@ class FlatDecoding(nn.Module):
 
 
 def flat_problem(model: nn.Module) -> str | None:
-    """Why ``model`` has no fused decoder for a flat step to walk (as words after its class
-    name), or None."""
-    layers = getattr(getattr(model, "decoder", None), "layers", None)
-    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        return "has no decoder layers (decoder.layers)"
+    """Why ``model`` has no fused encoder and decoder for the flat path to walk (as words after
+    its class name), or None."""
+    stacks = {stack: getattr(getattr(model, stack, None), "layers", None) for stack in ("encoder", "decoder")}
+    empty = [stack for stack, layers in stacks.items() if not isinstance(layers, nn.ModuleList) or not layers]
+    if empty:
+        return f"has no {' and no '.join(empty)} layers ({', '.join(f'{stack}.layers' for stack in empty)})"
     missing = [name for name in MODEL_MODULES if not has_module(model, name)]
-    missing += [f"decoder.layers.0.{name}" for name in LAYER_MODULES if not has_module(layers[0], name)]
+    for stack, needed in (("encoder", ENCODER_LAYER_MODULES), ("decoder", LAYER_MODULES)):
+        missing += [f"{stack}.layers.0.{name}" for name in needed if not has_module(stacks[stack][0], name)]
     return f"has no {', '.join(missing)}" if missing else None
 
 

@@ -171,7 +171,7 @@ def test_bad_flat_settings_are_refused_by_name():
     explicit = build("explicit", small_config(dropout=0.0), seed=0)
     with pytest.raises(ValueError, match=r"a flat step serves the fused row .*has no .*qkv_proj"):
         FlatDecoding(explicit)
-    with pytest.raises(ValueError, match=r"a flat step serves the fused row .*has no decoder layers"):
+    with pytest.raises(ValueError, match=r"serves the fused row .*has no encoder and no decoder layers"):
         FlatDecoding(nn.Linear(2, 2))
 
 
