@@ -277,6 +277,7 @@ def test_the_seed_range_is_one_every_consumer_of_the_seed_takes(seed):
     tiny_settings(seed=seed, order_seed=seed)
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_library_run_times_only_the_chosen_variants_and_restores_the_process():
     threads, fast_path = torch.get_num_threads(), torch.backends.mha.get_fastpath_enabled()
     report = run(tiny_settings(variants=("explicit",), torch_fast_path=False))

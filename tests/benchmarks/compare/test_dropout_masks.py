@@ -39,6 +39,7 @@ def expected_mask(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.rand(shape, generator=torch.Generator().manual_seed(SEED)) > P_DROP
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_forward_and_backward_use_one_mask_from_torch_rand(compiled_dropout):
     x = torch.randn(64, 48, dtype=torch.float64)
     compiled_dropout(x.clone().requires_grad_())  # compiles; the timed draw comes next

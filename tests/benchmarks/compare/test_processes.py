@@ -281,6 +281,7 @@ def test_a_process_reports_each_phase_on_its_stderr(monkeypatch, capsys):
     assert json.loads(out) == {"meta": {"order_seed": 0}, "blocks": []}
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_a_fresh_process_imports_no_compiler_it_does_not_use():
     """Every default run starts four interpreters; inductor, which only --compile uses, took
     about 2 s of each one's imports, so the worker's module must not load it."""

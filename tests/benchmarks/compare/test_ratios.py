@@ -282,6 +282,7 @@ def test_the_control_is_a_separate_build_holding_torchs_weights():
     assert all(torch.equal(mine[name], theirs[name]) for name in mine)
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_a_run_records_its_orders_and_times_a_control_unless_told_not_to():
     settings = tiny_settings(variants=("explicit", "torch"), rounds=3)
     (block,) = run(settings)["blocks"]

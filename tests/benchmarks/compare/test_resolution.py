@@ -76,6 +76,7 @@ def run_rounds(monkeypatch, times: dict, *, rounds: int, resolution: float | Non
     return record
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_rounds_stop_at_the_first_that_meets_the_resolution(monkeypatch):
     times, target = made_up_times(spread=0.05), 0.03
     expected = next(n for n in range(5, 200) if widest(times, n) <= target)

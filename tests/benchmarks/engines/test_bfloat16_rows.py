@@ -72,6 +72,7 @@ def test_the_onednn_row_has_a_bfloat16_twin_holding_the_same_weights(tmp_path):
     assert torch.equal(float32, expected) and bfloat16.shape[0] == 3 and bfloat16.shape[1] <= 6
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_ctranslate2_is_asked_only_for_compute_types_its_build_runs(monkeypatch, tmp_path):
     ctranslate = pytest.importorskip("seq2seq.deploy.ctranslate", reason="the deploy extra")
     monkeypatch.setattr(ctranslate, "supported_compute_types", lambda: frozenset({"float32", "int8"}))

@@ -67,6 +67,7 @@ def test_the_row_computes_the_reference_s_function_and_decodes_its_tokens():
     assert steps["beam"]().shape[0] == 3
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_the_row_is_timed_beside_torch_forward_and_decoding():
     report = run(tiny_settings(config=MARIAN_TINY, variants=("torch",), engines=("hf-marian",),
                                decode_len=4))

@@ -50,6 +50,7 @@ def test_the_int8_row_decodes_the_reference_weights_on_int8_linears(tmp_path):
     assert torch.equal(row.steps["beam"](), beam_search(quantized, src, src_mask, **ids).tokens)
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 @FBGEMM
 def test_a_tiny_compare_run_times_the_int8_row_and_shows_it():
     report = run(tiny_settings(variants=("torch",), engines=("int8",), decode_len=4, all_decoders=True))

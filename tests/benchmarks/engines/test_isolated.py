@@ -36,6 +36,7 @@ class Served:
             pass
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_calls_run_in_another_process_and_their_results_come_back():
     served = Isolated(Served, "hello")
     try:
@@ -47,6 +48,7 @@ def test_calls_run_in_another_process_and_their_results_come_back():
     assert served.process.poll() is not None  # closed: the child has ended
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_errors_come_back_named_and_the_child_serves_on():
     with pytest.raises(RuntimeError, match=r"Served in its own process failed building it: ValueError"):
         Isolated(Served, "hello", fail=True)
@@ -59,6 +61,7 @@ def test_errors_come_back_named_and_the_child_serves_on():
         served.close()
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_a_call_after_the_child_is_gone_is_the_promised_runtime_error():
     """Killed (its pipe broken: was a BrokenPipeError) or closed here (was a ValueError on the
     closed pipe): a RuntimeError naming the engine and the call."""

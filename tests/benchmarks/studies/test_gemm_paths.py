@@ -11,6 +11,7 @@ import torch
 from benchmarks.studies import gemm_paths
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_every_path_computes_the_same_product(capsys, monkeypatch):
     monkeypatch.setattr(gemm_paths, "SHAPES", ((64, 96), (96, 64)))
     assert gemm_paths.main(["--batch", "3", "--threads", "1", "--min-run-time", "0.01"]) == 0
@@ -24,6 +25,7 @@ def test_every_path_computes_the_same_product(capsys, monkeypatch):
     assert "batch 3, float32" in out
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 @pytest.mark.skipif(not torch._C.has_mkl, reason="an MKL build of torch")
 def test_mkl_reports_its_code_path():
     assert gemm_paths.mkl_code_path().startswith("MKL_VERBOSE oneMKL")

@@ -58,6 +58,7 @@ def test_a_reference_with_final_norms_names_the_one_marian_lacks(capsys):
                                 "recomputed so, encoder.norm matches the model to "), explained
 
 
+@pytest.mark.slow  # seconds: a child process, a compile or a full run; CI runs it with -m slow
 def test_with_sdpa_attention_a_source_of_padding_only_is_the_one_difference(capsys):
     """F.scaled_dot_product_attention gives a fully masked row zeros where the suite's is the
     uniform average (docs/numerics.md); every other check passes."""
