@@ -144,8 +144,7 @@ class FlatDecoding(nn.Module):
             raise RuntimeError("a flat encoder has no dropout: call it in eval mode (model.eval())")
         x = self.model.src_embed(src) * math.sqrt(self.config.d_model)  # (B, S, D)
         x = (x + self.model.pe[: src.shape[1]].to(x.dtype))[keep]  # (N, D): E[ids] * sqrt(D) + PE, open only
-        bias = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, -math.inf)
-        bias = bias[:, None, None, :]  # (B, 1, 1, S): every source has an open key
+        bias = additive(keep, x.dtype)[:, None, None, :]  # (B, 1, 1, S): every source has an open key
         for layer in self.model.encoder.layers:
             x = self.encoder_layer(layer, x, keep, bias)
         memory = x.new_zeros(*keep.shape, self.config.d_model)  # (B, S, D)
@@ -190,8 +189,7 @@ class FlatDecoding(nn.Module):
             src_mask = memory.new_ones(batch, 1, 1, src_len, dtype=torch.bool)
         src_mask = batch_first(src_mask, batch).expand(-1, -1, 1, src_len)  # (B, 1 or H, 1, S)
         no_key = ~src_mask.any(dim=-1, keepdim=True)  # (B, 1 or H, 1, 1)
-        src_bias = torch.zeros(src_mask.shape, dtype=memory.dtype, device=memory.device)
-        src_bias = src_bias.masked_fill(~(src_mask | no_key), -math.inf)  # (B, 1 or H, 1, S)
+        src_bias = additive(src_mask | no_key, memory.dtype)  # (B, 1 or H, 1, S)
         cross_keys, cross_values = [], []
         for keys, values in self.cross_keys_values(memory, open_tokens(src_mask, (batch, src_len))):
             keys = keys.unflatten(-1, (self.heads, head_dim)).transpose(1, 2)  # (B, H, S, Dh)
@@ -300,6 +298,11 @@ def has_module(module: nn.Module, name: str) -> bool:
     except AttributeError:
         return False
     return True
+
+
+def additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool mask (True = may attend) as the bias added to the scores: 0 there, -inf elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, -math.inf)
 
 
 def open_tokens(src_mask: Tensor | None, shape: tuple[int, int]) -> Tensor | None:
