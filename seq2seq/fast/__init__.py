@@ -14,6 +14,8 @@ plainly; int8 gives them wherever the margins exceed its rounding.
                    output channel) and multiply in int8, inputs quantized per call (fbgemm)
     flat           FlatDecoding: fused's eager step as one function over the decoder's weights,
                    keys and values heads first, attention by two matrix products (``flat=True``)
+    blocks         argmax and beam search's k best extensions found block by block over the
+                   vocabulary: the same ids as ``argmax`` and ``topk`` (eager, on the CPU)
 
 Unlike the rest of seq2seq it uses private torch APIs, which a torch release may change or
 remove: ``torch._inductor.list_mode_options`` (what ``torch.compile(mode=...)`` sets, so that

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +84,11 @@ class FlatCache:
     cross_values: list[Tensor]  # per layer (B, H, S, Dh)
     self_bias: Tensor  # (R, 1, 1, max_len): 0 at a written slot whose id is not padding, -inf elsewhere
     src_bias: Tensor  # (B, 1 or H, 1, S): 0 where a source key is open (every key, for no open key), -inf
+    # beam search's second buffer of each layer's keys and values, made at its first reorder
+    spare_keys: list[Tensor] = field(default_factory=list)
+    spare_values: list[Tensor] = field(default_factory=list)
+    # a reorder some layers have not made yet: (origin (R,), the slots it moves, those layers)
+    pending: tuple[Tensor, slice, set[int]] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -98,13 +103,40 @@ class FlatCache:
         return self.self_bias.dtype
 
     def reorder_beams(self, origin: Tensor, written: int | None = None) -> None:
-        """Row i continues old row ``origin[i]`` (R,), in place, in the first ``written`` slots
-        (None: every slot); the cross-attention's, one row per source, stay."""
+        """Row i continues old row ``origin[i]`` (R,) in the first ``written`` slots (None: every
+        slot); the cross-attention's, one row per source, stay. The self-attention's mask moves
+        now, each layer's keys and values when a step next reads them (``layer``), so that the
+        step's attention reads them fresh from the gather. A layer's keys (and values) are
+        gathered into a second buffer of their shape, which becomes the cache's, the old one the
+        spare: one pass over the written slots, not a gather and a copy back. The slots after
+        ``written`` are stale there until the next step writes them; no step reads a slot before
+        writing it."""
+        self.settle()  # a reorder before it is made in every layer
         slots = slice(None) if written is None else slice(0, written)
         self.self_bias[..., slots] = self.self_bias[..., slots].index_select(0, origin)  # (R, 1, 1, written)
-        for keys, values in zip(self.keys, self.values, strict=True):
-            keys[:, :, slots] = keys[:, :, slots].index_select(0, origin)  # (R, H, written, Dh)
-            values[:, :, slots] = values[:, :, slots].index_select(0, origin)
+        if not self.spare_keys:
+            self.spare_keys = [torch.zeros_like(keys) for keys in self.keys]  # finite: 0 x NaN is not 0
+            self.spare_values = [torch.zeros_like(values) for values in self.values]
+        self.pending = (origin.clone(), slots, set(range(len(self.keys))))  # origin: the caller's to refill
+
+    def layer(self, index: int) -> tuple[Tensor, Tensor]:
+        """Decoder layer ``index``'s keys and values, (R, H, max_len, Dh) each, after the
+        reorder this layer has not made yet, if any."""
+        if self.pending is not None and index in self.pending[2]:
+            origin, slots, layers = self.pending
+            for buffers, spares in ((self.keys, self.spare_keys), (self.values, self.spare_values)):
+                torch.index_select(buffers[index][:, :, slots], 0, origin,
+                                   out=spares[index][:, :, slots])  # (R, H, written, Dh)
+                buffers[index], spares[index] = spares[index], buffers[index]
+            layers.remove(index)
+            if not layers:
+                self.pending = None
+        return self.keys[index], self.values[index]
+
+    def settle(self) -> None:
+        """Makes a pending reorder in every layer that has not made it yet."""
+        for index in range(len(self.keys)):
+            self.layer(index)
 
     def window(self, length: int) -> FlatCache:
         """This cache itself: a flat step reads only the slots up to its position, whatever the
@@ -233,9 +265,9 @@ class FlatDecoding(nn.Module):
         x = self.model.tgt_embed(tgt) * math.sqrt(self.config.d_model)  # (R, 1, D)
         x = x + self.model.pe[t].to(x.dtype)  # E[ids] * sqrt(D) + PE[t]
         self_bias = cache.self_bias[..., : t + 1]  # (R, 1, 1, t + 1)
-        for layer, keys, values, cross_keys, cross_values in zip(
-                self.model.decoder.layers, cache.keys, cache.values, cache.cross_keys, cache.cross_values,
-                strict=True):
+        for index, (layer, cross_keys, cross_values) in enumerate(
+                zip(self.model.decoder.layers, cache.cross_keys, cache.cross_values, strict=True)):
+            keys, values = cache.layer(index)  # moved here by a pending reorder: read while fresh
             x = self.layer_step(layer, x, t, keys, values, self_bias, cross_keys, cross_values,
                                 cache.src_bias)
         return self.model.decoder.norm(x)  # (R, 1, D)

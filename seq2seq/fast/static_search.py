@@ -55,9 +55,10 @@ from torch import Tensor, nn
 
 from common.cache import batch_first
 from common.checks import ids_range_checked
+from seq2seq.fast import blocks
 from seq2seq.fast.flat import FlatDecoding
 from seq2seq.fast.onednn import with_onednn_linears
-from seq2seq.search.beam import ALPHA, BEAM_SIZE, Hypotheses, search
+from seq2seq.search.beam import ALPHA, BEAM_SIZE, Hypotheses, best_extensions, search
 from seq2seq.search.strategy import (
     apply_ban,
     ban_mask,
@@ -122,6 +123,8 @@ class StaticNextToken:
         self.max_len = max_len
         device = next(model.parameters()).device
         self.ban = ban_mask(banned_ids, model.config.tgt_vocab_size, device)  # (V,) or None
+        # eager on the CPU, the next ids are chosen block by block (seq2seq.fast.blocks): the same ids
+        self.by_blocks = compile_mode is None and device.type == "cpu"
         self.compiled = compile_mode is not None
         self.freezing = freezing
         self.reorders = reorders
@@ -179,8 +182,9 @@ class StaticNextToken:
 
     def most_likely(self, last: Tensor, position: Tensor, cache: object) -> Tensor:
         """Greedy decoding's step: (B, 1) ids -> (B,) the ids of the largest logits."""
-        logits = self.model.generator(self.model.static_step(last, position, cache))[:, -1]  # (B, V)
-        return apply_ban(logits, self.ban).argmax(dim=-1)
+        logits = apply_ban(self.model.generator(self.model.static_step(last, position, cache))[:, -1],
+                           self.ban)  # (B, V)
+        return blocks.argmax(logits) if self.by_blocks else logits.argmax(dim=-1)
 
     def reorder(self, origin: Tensor) -> None:
         """Row i continues old row ``origin[i]`` (B,) from the next call on; a row may only
@@ -295,7 +299,8 @@ class StaticBeam:
             with ids_range_checked():  # the search's ids lie in [0, V), its positions in [0, max_len)
                 best = search(step, limit, dtype, bos_id=arguments["bos_id"], eos_id=arguments["eos_id"],
                               pad_id=self.config.pad_id, beam_size=arguments["beam_size"],
-                              alpha=arguments["alpha"])
+                              alpha=arguments["alpha"],
+                              extend=blocks.best_extensions if step.by_blocks else best_extensions)
         return Hypotheses(best.tokens.clone(), best.scores.clone())  # outside inference mode
 
 

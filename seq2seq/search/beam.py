@@ -29,6 +29,7 @@ Shape legend:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -98,12 +99,22 @@ def generated_limit(config: TransformerConfig, src: Tensor, max_len: int | None)
     return torch.full((src.shape[0],), max_len - 1, device=src.device)  # (B,)
 
 
+def best_extensions(scores: Tensor, logp: Tensor) -> tuple[Tensor, Tensor]:
+    """(B, k) live log P and (B, k, V) next-token log-probabilities -> the k best extensions of
+    the k beams: their log P (B, k), largest first, and their indices in the (B, k·V) of every
+    beam's every token (index // V the beam, index % V the token)."""
+    batch, k, vocab = logp.shape
+    return (scores[:, :, None] + logp).view(batch, k * vocab).topk(k, dim=1)
+
+
 def search(next_token_logp: NextToken, limit: Tensor, dtype: torch.dtype, *, bos_id: int, eos_id: int,
-           pad_id: int, beam_size: int, alpha: float) -> Hypotheses:
+           pad_id: int, beam_size: int, alpha: float,
+           extend: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] = best_extensions) -> Hypotheses:
     """The search itself, on any next-token step over B·k rows (B sources, k beams each, row
     i·k + j the j-th beam of source i) with a ``reorder``: ``NextToken``, or the static step of
     ``seq2seq.fast.static_search``. ``limit`` (B,) caps each source's generated ids; scores add up
-    in ``dtype``."""
+    in ``dtype``. ``extend`` finds each step's k best extensions (``best_extensions``, or the fast
+    path's ``seq2seq.fast.blocks.best_extensions``, the same values)."""
     batch, k, device = limit.shape[0], beam_size, limit.device
     reachable_lp = length_penalty(limit.to(dtype), alpha)  # (B,) lp at each row's length limit
     rows = torch.arange(batch, device=device)  # (B,)
@@ -119,8 +130,7 @@ def search(next_token_logp: NextToken, limit: Tensor, dtype: torch.dtype, *, bos
     for length in range(1, int(limit.max()) + 1):  # |Y| after this step
         logp = next_token_logp(tokens).view(batch, k, -1)  # (B, k, V)
         vocab = logp.shape[-1]
-        extended = (scores[:, :, None] + logp).view(batch, k * vocab)  # (B, k·V)
-        top, index = extended.topk(k, dim=1)  # (B, k): the k best extensions of the k beams
+        top, index = extend(scores, logp)  # (B, k): the k best extensions of the k beams
         beam, token = index // vocab, index % vocab  # (B, k) origin beam and new id
         ends = (token == eos_id) | (length >= limit)[:, None]  # (B, k)
         # finished: the best normalised score that ends here, kept where it beats the row's best
