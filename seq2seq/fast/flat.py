@@ -25,6 +25,11 @@ this step does instead:
   heads are views of the cache.
 - One SDPA call per attention, whose set-up outweighs its arithmetic at one query of 64 numbers
   per head. Here, softmax(q K^T / sqrt(Dh) + mask) V as two batched matrix products.
+- The feed-forward's ReLU is a pass of its own over the hidden layer. Here, on the int8 and
+  oneDNN copies, it runs inside the first linear's product (their ``relu``).
+- Beam search moves every layer's cached rows before the step, and the step reads them later,
+  from memory. Here each layer's move is made when the step reaches that layer
+  (``FlatCache.layer``), so its attention reads the rows just gathered.
 
 - The encoder and the cross-attention's key and value projection run on every token, padding
   included. Here, where the source mask is one key mask that leaves every source an open key
@@ -159,6 +164,11 @@ class FlatDecoding(nn.Module):
         self.config = model.config
         self.generator = model.generator
         self.activation = activation(model.config)  # the feed-forward's, as fused's (a function)
+        # ReLU inside the first linear's product where every such linear offers it (the int8 and
+        # oneDNN copies' ``relu``): the same numbers, one pass over the hidden layer fewer
+        self.relu_in_product = model.config.activation == "relu" and all(
+            callable(getattr(layer.feed_forward.linear1, "relu", None))
+            for layer in (*model.encoder.layers, *model.decoder.layers))
         self.heads = model.config.n_heads
         self.scale = 1 / math.sqrt(model.config.d_model // model.config.n_heads)  # 1 / sqrt(Dh)
         self.train(model.training)  # the model's mode, not a fresh module's (training)
@@ -308,7 +318,9 @@ class FlatDecoding(nn.Module):
         return attention.out_proj(x.reshape(rows, 1, d_model))  # (R, 1, D)
 
     def feed_forward(self, feed_forward: nn.Module, x: Tensor) -> Tensor:
-        return feed_forward.linear2(self.activation(feed_forward.linear1(x)))  # (R, 1, D)
+        if self.relu_in_product:
+            return feed_forward.linear2(feed_forward.linear1.relu(x))  # (R, 1, D)
+        return feed_forward.linear2(self.activation(feed_forward.linear1(x)))
 
 
 def flat_problem(model: nn.Module) -> str | None:

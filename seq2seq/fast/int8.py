@@ -29,7 +29,8 @@ its onednn engine was slower at decode shapes.
 PyTorch APIs it uses that are deprecated with ``torch.ao.quantization`` (its successor, torchao,
 is not a dependency), and may change or go in a torch release: ``torch.quantize_per_channel``
 (the int8 weight), ``torch.ops.quantized.linear_prepack``, ``linear_dynamic`` and
-``linear_unpack`` (fbgemm's packing, product and the way back), ``torch.backends.quantized``
+``linear_relu_dynamic`` and ``linear_unpack`` (fbgemm's packing, product, product with ReLU and
+the way back), ``torch.backends.quantized``
 (the engine). ``torch.quantize_per_channel`` warns once per process that quantized tensors are
 deprecated (a ``UserWarning``, "torch.quantize_per_tensor, torch.quantize_per_channel and other
 quantized tensor creation functions ... are deprecated"): it is silenced while the weights are
@@ -109,10 +110,20 @@ class Int8Linear(nn.Module):
         return weight.int_repr(), weight.q_per_channel_scales()
 
     def forward(self, x: Tensor) -> Tensor:
+        self.check_input(x)
+        return torch.ops.quantized.linear_dynamic(x, self.packed, REDUCE_RANGE)  # (N, D_out) float32
+
+    def relu(self, x: Tensor) -> Tensor:
+        """max(0, ``self(x)``), the ReLU applied in the same call to the float32 result (fbgemm's
+        ``linear_relu_dynamic``): the same numbers without a pass of their own."""
+        self.check_input(x)
+        return torch.ops.quantized.linear_relu_dynamic(x, self.packed, REDUCE_RANGE)  # (N, D_out)
+
+    @staticmethod
+    def check_input(x: Tensor) -> None:
         if torch.is_grad_enabled() and x.requires_grad:
             raise RuntimeError("Int8Linear is inference-only (the quantized product has no backward): "
                                "call it under torch.no_grad() or torch.inference_mode()")
-        return torch.ops.quantized.linear_dynamic(x, self.packed, REDUCE_RANGE)  # (N, D_out) float32
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"

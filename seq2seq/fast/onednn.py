@@ -67,12 +67,21 @@ class OneDnnLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(dtype).clone())
 
     def forward(self, x: Tensor) -> Tensor:
+        return self.product(x, "none")  # (N, D_out)
+
+    def relu(self, x: Tensor) -> Tensor:
+        """max(0, ``self(x)``), the ReLU applied by oneDNN to the product as it is written: the
+        same numbers without a pass of their own."""
+        return self.product(x, "relu")  # (N, D_out)
+
+    def product(self, x: Tensor, pointwise: str) -> Tensor:
+        """The packed product with oneDNN's ``pointwise`` op on its result ("none" or "relu")."""
         if torch.is_grad_enabled() and any(tensor is not None and tensor.requires_grad
                                            for tensor in (x, self.packed_weight, self.bias)):
             raise RuntimeError("OneDnnLinear is inference-only (oneDNN's packed product has no backward): "
                                "call it under torch.no_grad() or torch.inference_mode()")
         product = torch.ops.mkldnn._linear_pointwise(x.to(self.packed_weight.dtype), self.packed_weight,
-                                                     self.bias, "none", [], "")  # (N, D_out), no activation
+                                                     self.bias, pointwise, [], "")  # (N, D_out)
         return product.to(x.dtype)
 
 

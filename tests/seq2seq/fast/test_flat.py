@@ -15,6 +15,7 @@ from common.random_batch import random_batch
 from seq2seq.data import tasks
 from seq2seq.fast.flat import FlatCache, FlatDecoding
 from seq2seq.fast.int8 import int8_available, with_int8_linears
+from seq2seq.fast.onednn import with_onednn_linears
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy, StaticNextToken, static_beam_search
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
@@ -214,3 +215,28 @@ def test_an_eager_decoders_results_are_ordinary_tensors_and_its_cache_follows_th
     with torch.no_grad():
         step.start(src, src_mask)
         assert not torch.is_inference(step(tokens[:, :1]))
+
+
+@pytest.mark.skipif(not int8_available(), reason="needs PyTorch's fbgemm quantized engine (x86)")
+def test_the_relu_runs_inside_the_first_linears_product_where_the_linears_offer_it():
+    """On the int8 and oneDNN copies of a ReLU model the feed-forward's ReLU is the first linear's
+    own (``relu``), and the encoder and step compute what they compute with it applied apart,
+    bit for bit; a plain model, or another activation, applies it apart."""
+    config = small_config(dropout=0.0)
+    model = build("fused", config, seed=0).eval()
+    src, tgt, src_mask, _ = random_batch(config, 3, 6, 5).inputs()
+    assert not FlatDecoding(model).relu_in_product
+    gelu = build("fused", small_config(dropout=0.0, activation="gelu"), seed=0).eval()
+    assert not FlatDecoding(with_int8_linears(gelu)).relu_in_product
+    for copy in (with_int8_linears(model), with_onednn_linears(model)):
+        fused_relu, apart = FlatDecoding(copy), FlatDecoding(copy)
+        apart.relu_in_product = False
+        assert fused_relu.relu_in_product
+        with torch.inference_mode():
+            memories = [flat.encode(src, src_mask) for flat in (fused_relu, apart)]
+            assert torch.equal(*memories)
+            caches = [flat.start_static_cache(memories[0], src_mask, 5) for flat in (fused_relu, apart)]
+            for t in range(tgt.shape[1]):
+                steps = [flat.static_step(tgt[:, t : t + 1], torch.tensor(t), cache)
+                         for flat, cache in zip((fused_relu, apart), caches, strict=True)]
+                assert torch.equal(*steps), t
