@@ -256,17 +256,13 @@ def check_log_probs(rows: list[Row], block: Block) -> Tensor | None:
 
 
 def prepare(row: Row, settings: Settings, block: Block, reference_logp: Tensor | None) -> None:
-    """Build the row's steps, make the first calls that tell something and keep it (their
-    results are freed on return, before any timing): with compile every step's (compiling), else
-    the decoders' (the ids they produce). An eager forward or train step is not called here:
-    its first round's call, never kept (``time_step``), is its warm-up."""
+    """Build the row's steps; with compile, call each once, which compiles it (the results are
+    freed on return, before any timing). An eager step is not called here: its first round's
+    call, never kept (``time_step``), is its warm-up, and a decoder's calls count the ids it
+    produces (``counting_ids``)."""
     row.steps = steps_for(row, settings, block)
-    first = settings.modes if settings.compile else tuple(mode for mode in settings.modes
-                                                          if mode in DECODE_MODES)
-    first_calls = warm_up(row, first, block.device)
-    count_decoded_ids(row, first_calls)
     if settings.compile:
-        record_compiled(row, first_calls, reference_logp)
+        record_compiled(row, warm_up(row, settings.modes, block.device), reference_logp)
 
 
 @dataclass(frozen=True)
@@ -296,6 +292,17 @@ def warm_up(row: Row, modes: tuple[str, ...], device: str) -> dict[str, FirstCal
     return first_calls
 
 
+def counting_ids(row: Row, mode: str, step: Callable[[], Tensor]) -> Callable[[], Tensor]:
+    """``step``, a decoder's call, which also records the target ids (BOS excluded) the call
+    produced in ``row.decode_positions[mode]``: decoding is deterministic, so every call
+    produces as many."""
+    def call() -> Tensor:
+        ids = step()  # (B, L)
+        row.decode_positions[mode] = ids.shape[0] * (ids.shape[1] - 1)
+        return ids
+    return call
+
+
 def count_decoded_ids(row: Row, first_calls: dict[str, FirstCall]) -> None:
     """The target ids (BOS excluded) one call of each decode mode produces, from its first call's
     (B, L) ids: decoding is deterministic, so every timed call produces as many."""
@@ -323,9 +330,10 @@ def steps_for(row: Row, settings: Settings, block: Block) -> dict[str, Callable[
     their eager steps are kept beside them."""
     model = compiled(row.model, settings.freeze) if settings.compile else row.model
     batch, autocast = block.batch, block.autocast
+    decoders = decode_steps(row.model, batch, settings.decode_len, autocast)
     steps = {"forward": forward_step(model, batch, autocast),
              "train": forward_backward(model, batch, autocast),
-             **decode_steps(row.model, batch, settings.decode_len, autocast)}
+             **{mode: counting_ids(row, mode, step) for mode, step in decoders.items()}}
     if settings.compile:
         steps |= {"forward_eager": forward_step(row.model, batch, autocast),
                   "train_eager": forward_backward(row.model, batch, autocast)}

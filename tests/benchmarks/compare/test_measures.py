@@ -6,14 +6,16 @@ notes are named."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
+from torch.autograd import DeviceType
 
 import benchmarks.compare.run
 from benchmarks.compare import timing
 from benchmarks.compare.measured import Cell, Row
-from benchmarks.compare.memory import profile_step, sdpa_backend
+from benchmarks.compare.memory import op_peak, profile_step, sdpa_backend
 from benchmarks.compare.render import header_lines, notes
 from benchmarks.compare.run import Block, count_decoded_ids, measure_memory, record_compiled, run, warm_up
 from benchmarks.compare.settings import Settings
@@ -45,6 +47,112 @@ def test_the_peak_is_the_best_shape_with_its_rounds_and_spread():
     assert result.shape == (128, 128, 128)  # an 8 x 8 x 8 matmul is all overhead
     assert len(result.rounds) == 3 and all(r > 0 for r in result.rounds)
     assert result.iqr_flops_per_second >= 0
+
+
+def events_peak(profiler: torch.profiler.profile) -> int:
+    """The peak as torch.profiler's own FunctionEvents give it: each op's
+    ``self_cpu_memory_usage`` summed in start order (an independent attribution of the bytes)."""
+    current = peak = 0
+    for event in sorted(profiler.events(), key=lambda e: e.time_range.start):
+        current += event.self_cpu_memory_usage
+        peak = max(peak, current)
+    return peak
+
+
+def profiled(step) -> torch.profiler.profile:
+    cpu = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=cpu, profile_memory=True) as profiler:
+        step()
+    return profiler
+
+
+@pytest.mark.parametrize("name", ["explicit", "mathfirst", "torch"])
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_the_peak_from_the_raw_events_is_the_function_events_peak(name, mode):
+    """Thousands of ops nested by the profiler, a backward among them: the same bytes, byte for
+    byte, as the FunctionEvents' attribution."""
+    model = build(name, TINY, seed=0).train(mode == "train")
+    batch = random_batch(TINY, 2, 8, 6, seed=0)
+    step = (forward_step if mode == "forward" else forward_backward)(model, batch)
+    step()
+    model.zero_grad(set_to_none=True)
+    profiler = profiled(step)
+    assert op_peak(profiler.profiler.kineto_results.events()) == events_peak(profiler) > 0
+
+
+def test_the_peak_of_nested_ranges_that_free_inside_themselves_is_the_function_events_peak():
+    """record_function ranges around ops that allocate, a range that frees what its child op
+    allocated (its own bytes then negative, added at its start), and tensors freed outside
+    every range: the FunctionEvents' attribution, byte for byte."""
+    def step() -> None:
+        held = []
+        with torch.profiler.record_function("outer"):
+            held.append(torch.ones(1000))  # the outer range's own 4,000 bytes
+            with torch.profiler.record_function("inner"):
+                scratch = torch.ones(5000)  # 20,000 bytes, freed inside the range
+                held.append(scratch[:10].clone())
+                del scratch
+            held.append(torch.zeros(2000))
+        held.clear()
+
+    profiler = profiled(step)
+    found = op_peak(profiler.profiler.kineto_results.events())
+    assert found == events_peak(profiler) > 0
+
+
+@dataclasses.dataclass
+class Event:
+    """A raw profiler event as ``op_peak`` reads it: an op over [start, end] ns, or with
+    ``size`` a memory event at ``start`` (bytes allocated, or freed if negative)."""
+
+    start: int
+    end: int | None = None
+    size: int | None = None
+    thread: int = 1
+
+    def name(self) -> str:
+        return "[memory]" if self.size is not None else "aten::op"
+
+    def start_ns(self) -> int:
+        return self.start
+
+    def end_ns(self) -> int:
+        return self.start if self.end is None else self.end
+
+    def nbytes(self) -> int:
+        return self.size or 0
+
+    def device_type(self) -> DeviceType:
+        return DeviceType.CPU
+
+    def start_thread_id(self) -> int:
+        return self.thread
+
+    def end_thread_id(self) -> int:
+        return self.thread
+
+    def is_async(self) -> bool:
+        return False
+
+    def is_hidden_event(self) -> bool:
+        return False
+
+
+def test_bytes_at_an_ops_last_nanosecond_are_its_own_counted_at_its_start():
+    """300 bytes live before; op A [0, 10] holds child C [3, 6], which frees them, and
+    allocates 100 bytes at its very end (t = 10). Counted at A's start the 100 come before C's
+    free: 300, then 400 at A's start, then 100 at C's. Left to their own time the peak would
+    be 300."""
+    events = [Event(-5, size=300), Event(0, 10), Event(3, 6), Event(4, size=-300), Event(10, size=100)]
+    assert op_peak(events) == 400
+
+
+def test_an_op_that_overlaps_another_only_partly_is_not_its_child():
+    """P [0, 10] and E [5, 15] on one thread overlap but neither holds the other: each owns the
+    bytes that start inside it (the 100 at t = 7 in both), so P adds 100 at 0 and E 150 at 5.
+    Taken as P's child, E would leave P -50 and the peak 100."""
+    events = [Event(0, 10), Event(5, 15), Event(7, size=100), Event(12, size=50)]
+    assert op_peak(events) == 250
 
 
 BATCH = Shape(2, 8, 6)
@@ -201,9 +309,9 @@ def test_a_step_longer_than_the_warm_call_limit_skips_it_after_the_first_round(m
 
 @pytest.mark.parametrize("compile_", [False, True])
 def test_only_the_first_calls_that_tell_something_are_made_before_the_rounds(monkeypatch, compile_):
-    """Eager, a row's forward and train step are first called in the first round (by the call
-    time_step never keeps); its decoders once before, for the ids they produce. Compiled,
-    every step once before (that is its compiling)."""
+    """Eager, no step is called before the rounds: each is first called in the first round
+    (by the call time_step never keeps). Compiled, every step once before (that is its
+    compiling)."""
     made = []
     monkeypatch.setattr(benchmarks.compare.run, "warm_up",
                         lambda row, modes, device: made.append(modes) or {})
@@ -215,5 +323,18 @@ def test_only_the_first_calls_that_tell_something_are_made_before_the_rounds(mon
     batch = random_batch(config, 2, 8, 6, seed=0)
     block = Block("cpu", "float32", Shape(2, 8, 6), batch, contextlib.nullcontext)
     benchmarks.compare.run.prepare(row, settings, block, reference_logp=None)
-    expected = settings.modes if compile_ else ("decode", "decode_uncached", "beam")
-    assert made == [expected]
+    assert made == ([settings.modes] if compile_ else [])
+    assert row.decode_positions == {}  # counted by the decoders' own calls (counting_ids)
+
+
+def test_a_decoders_calls_count_the_ids_it_produces():
+    """The ids past BOS of every row, recorded by each call of the decode step itself (its first
+    is the first round's call not kept)."""
+    row = Row("explicit", torch.nn.Linear(2, 2), cells={"decode": Cell(), "beam": Cell()})
+    greedy = benchmarks.compare.run.counting_ids(row, "decode", lambda: torch.ones(3, 5, dtype=torch.long))
+    beam = benchmarks.compare.run.counting_ids(row, "beam", lambda: torch.ones(3, 2, dtype=torch.long))
+    assert row.decode_positions == {}
+    assert greedy().shape == (3, 5)  # the step's ids, handed through
+    assert row.decode_positions == {"decode": 3 * 4}
+    beam()
+    assert row.decode_positions == {"decode": 3 * 4, "beam": 3 * 1}
