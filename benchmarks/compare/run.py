@@ -122,8 +122,8 @@ def total_phases(settings: Settings) -> int:
 
 def block_phases(settings: Settings, device: str, dtype_name: str) -> int:
     """How many phases ``run_block`` counts on the progress bar for one block: the log-prob
-    check and the peak memory where they are measured (``measure_shared``), a warm-up per timed
-    row (the control's too), the engines' export where they join, every mode of every round
+    check and the peak memory where they are measured (``measure_shared``), building (with
+    compile, compiling) each timed row's steps (the control's too), the engines' export where they join, every mode of every round
     (``--resolution`` adds its further rounds as they start)."""
     timed = len(settings.variants) + int(settings.control and REFERENCE in settings.variants)
     exports = int(engines_join(settings, device, dtype_name))
@@ -138,8 +138,8 @@ def engines_join(settings: Settings, device: str, dtype_name: str) -> bool:
 
 def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, bar: tqdm,
               deadline: float = math.inf, on_timed: Callable[[], None] = lambda: None) -> dict:
-    """One block, in its phases: build, check, warm up, time (then ``on_timed``), measure
-    memory, report."""
+    """One block, in its phases: build, check, prepare the steps (with compile, compile them),
+    time (then ``on_timed``), measure memory, report."""
     batch = random_batch(settings.config, *shape, seed=settings.seed, device=device)
     autocast = autocast_region(device, DTYPES[dtype_name], settings.autocast)
     block = Block(device, dtype_name, shape, batch, autocast)
@@ -151,7 +151,7 @@ def run_block(settings: Settings, device: str, dtype_name: str, shape: Shape, ba
             reference_logp = check_log_probs(rows, block)
     for row in timed:
         with phase(bar, f"{block.where}: {row.variant}: "
-                        + ("compiling and warming up" if settings.compile else "warming up")):
+                        + ("compiling and warming up" if settings.compile else "building its steps")):
             prepare(row, settings, block, reference_logp)
     del reference_logp
     reference = next(row for row in rows if row.variant == REFERENCE)
