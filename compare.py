@@ -9,7 +9,7 @@ are re-placed in fresh memory before each round, so that where they lie varies i
 intervals. ``--wide`` shows every column; ``--all-decoders`` also times greedy decoding by full
 recompute and beam 4; json and csv hold everything; ``--plot FILE.png`` draws the times.
 
-    python compare.py                                   # small preset, CPU, float32 (about 80 s)
+    python compare.py                                   # small preset, CPU, float32 (about 70 s)
     python compare.py --preset base --batch 8 2 --src-len 128 512
     python compare.py --dtype float32 bfloat16 --format json --output run.json
     python compare.py --preset base --plot compare.png

@@ -123,8 +123,9 @@ def total_phases(settings: Settings) -> int:
 def block_phases(settings: Settings, device: str, dtype_name: str) -> int:
     """How many phases ``run_block`` counts on the progress bar for one block: the log-prob
     check and the peak memory where they are measured (``measure_shared``), building (with
-    compile, compiling) each timed row's steps (the control's too), the engines' export where they join, every mode of every round
-    (``--resolution`` adds its further rounds as they start)."""
+    compile, compiling) each timed row's steps (the control's too), the engines' export where
+    they join, every mode of every round (``--resolution`` adds its further rounds as they
+    start)."""
     timed = len(settings.variants) + int(settings.control and REFERENCE in settings.variants)
     exports = int(engines_join(settings, device, dtype_name))
     return 2 * int(settings.measure_shared) + timed + exports + settings.rounds * len(settings.modes)
