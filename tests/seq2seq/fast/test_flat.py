@@ -14,8 +14,8 @@ from torch import nn
 from common.random_batch import random_batch
 from seq2seq.data import tasks
 from seq2seq.fast.flat import FlatCache, FlatDecoding
-from seq2seq.fast.int8 import int8_available, with_int8_linears
-from seq2seq.fast.onednn import with_onednn_linears
+from seq2seq.fast.int8 import Int8Linear, int8_available, with_int8_linears
+from seq2seq.fast.onednn import OneDnnLinear, with_onednn_linears
 from seq2seq.fast.static_search import StaticBeam, StaticGreedy, StaticNextToken, static_beam_search
 from seq2seq.search.beam import beam_search
 from seq2seq.search.greedy import greedy_decode
@@ -215,6 +215,19 @@ def test_an_eager_decoders_results_are_ordinary_tensors_and_its_cache_follows_th
     with torch.no_grad():
         step.start(src, src_mask)
         assert not torch.is_inference(step(tokens[:, :1]))
+
+
+@pytest.mark.skipif(not int8_available(), reason="needs PyTorch's fbgemm quantized engine (x86)")
+@pytest.mark.parametrize("packed", [Int8Linear, OneDnnLinear], ids=["int8", "onednn"])
+def test_a_products_relu_is_relu_of_the_product(packed):
+    """fbgemm's fused ReLU and oneDNN's post-op clamp the same float32 results: bit for bit,
+    negatives among them."""
+    linear = packed(nn.Linear(48, 80))
+    x = torch.randn(3, 5, 48, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        product = linear(x)
+        assert (product < 0).any() and (product > 0).any()
+        assert torch.equal(linear.relu(x), torch.relu(product))
 
 
 @pytest.mark.skipif(not int8_available(), reason="needs PyTorch's fbgemm quantized engine (x86)")
