@@ -80,7 +80,9 @@ def op_peak(events: Sequence) -> int:
                     for event in events if event.name() == MEMORY_EVENT)
     starts = [start for start, _ in memory]
     totals = list(itertools.accumulate((size for _, size in memory), initial=0))  # totals[i]: first i
-    ops = [event for event in events if event.name() not in UTILITY_OPS and not event.is_hidden_event()]
+    # hidden events are no ops either (a release without is_hidden_event hides none)
+    ops = [event for event in events
+           if event.name() not in UTILITY_OPS and not getattr(event, "is_hidden_event", lambda: False)()]
     owned, claimed = [], [False] * len(memory)
     for event in ops:
         if event.device_type() != DeviceType.CPU:
