@@ -165,7 +165,7 @@ class FlatDecoding(nn.Module):
         self.generator = model.generator
         self.activation = activation(model.config)  # the feed-forward's, as fused's (a function)
         # ReLU inside the first linear's product where every such linear offers it (the int8 and
-        # oneDNN copies' ``relu``): the same numbers, one pass over the hidden layer fewer
+        # oneDNN copies' ``relu``): one pass over the hidden layer fewer
         self.relu_in_product = model.config.activation == "relu" and all(
             callable(getattr(layer.feed_forward.linear1, "relu", None))
             for layer in (*model.encoder.layers, *model.decoder.layers))

@@ -70,8 +70,9 @@ class OneDnnLinear(nn.Module):
         return self.product(x, "none")  # (N, D_out)
 
     def relu(self, x: Tensor) -> Tensor:
-        """max(0, ``self(x)``), the ReLU applied by oneDNN to the product as it is written: the
-        same numbers without a pass of their own."""
+        """max(0, ``self(x)``), the ReLU applied by oneDNN to the product as it is written,
+        without a pass of its own (to float32 rounding: oneDNN may pick another kernel for a
+        product with a post-op)."""
         return self.product(x, "relu")  # (N, D_out)
 
     def product(self, x: Tensor, pointwise: str) -> Tensor:
