@@ -92,9 +92,11 @@ def op_peak(events: Sequence) -> int:
         last = bisect.bisect_right(starts, event.end_ns())
         owned.append(totals[last] - totals[first])
         claimed[first:last] = [True] * (last - first)
-    own = owned.copy()  # minus each child's whole: what the op itself allocated and freed
-    synchronous = [index for index, event in enumerate(ops) if event.device_type() == DeviceType.CPU
-                   and not event.is_async() and event.start_thread_id() == event.end_thread_id()]
+    asynchronous = {index for index, event in enumerate(ops)
+                    if event.is_async() or event.start_thread_id() != event.end_thread_id()}
+    own = [0 if index in asynchronous else size for index, size in enumerate(owned)]  # less children below
+    synchronous = [index for index, event in enumerate(ops)
+                   if event.device_type() == DeviceType.CPU and index not in asynchronous]
     synchronous.sort(key=lambda index: (ops[index].start_thread_id(), ops[index].start_ns(),
                                         -ops[index].end_ns()))
     stack: list[int] = []  # the open ops of one thread, each inside the one below it
@@ -107,9 +109,6 @@ def op_peak(events: Sequence) -> int:
         if stack:
             own[stack[-1]] -= owned[index]
         stack.append(index)
-    for index, event in enumerate(ops):
-        if event.is_async() or event.start_thread_id() != event.end_thread_id():
-            own[index] = 0
     timeline = [(event.start_ns(), size) for event, size in zip(ops, own, strict=True)]
     timeline += [(start, size) for (start, size), used in zip(memory, claimed, strict=True) if not used]
     current = peak = 0

@@ -16,7 +16,8 @@ multiple of it) and take each block's maximum.
   ``argmax`` does.
 - top k: an entry among a row's k largest lies in a block whose maximum is among the k largest
   block maxima (any other block's maximum is no larger than those k maxima, entries of k other
-  blocks, and neither is any entry of it). So the k largest entries of those k blocks are the row's k largest.
+  blocks, and neither is any entry of it). So the k largest entries of those k blocks are the
+  row's k largest.
   Beam search's entries are sums, a beam's live log P plus each token's log-probability; rounding
   is monotone, so a block's largest sum is its largest log-probability plus the beam's log P, and
   the maxima are taken of the log-probabilities alone: the (B, k·V) sums are never written. The
@@ -26,7 +27,7 @@ multiple of it) and take each block's maximum.
 
 Where V has no divisor in [``MIN_BLOCK``, ``MAX_BLOCK``], ``block_size`` is None and the
 functions fall back to ``argmax`` and ``topk`` over the whole row. The measurements that chose
-block by block on the CPU, and the sizes, are in docs/results/cpu-base-flat-decoding.md.
+block by block on the CPU, and the sizes, are in docs/results/cpu-base-layerwise-decoding.md.
 
 Shape legend:
     R  rows   B  sources   k  beams per source   V  vocabulary   n  blocks per row (V / block)

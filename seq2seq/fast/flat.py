@@ -30,7 +30,6 @@ this step does instead:
 - Beam search moves every layer's cached rows before the step, and the step reads them later,
   from memory. Here each layer's move is made when the step reaches that layer
   (``FlatCache.layer``), so its attention reads the rows just gathered.
-
 - The encoder and the cross-attention's key and value projection run on every token, padding
   included. Here, where the source mask is one key mask that leaves every source an open key
   (``open_tokens``), every product but attention's runs on the open tokens alone, packed as
@@ -45,8 +44,9 @@ keys are zeroed once, when the cache starts: every score is again exactly 0.
 
 Eval only: the step and the encoder have no dropout, and refuse a model in training mode. On
 int8 linears, which quantize each call's input over the whole call, packing changes what the
-encoder's products round: the padding's activations no longer count in an input's range. Eager only: the
-step reads its position on the host (to slice the written slots), which a compiled step must not.
+encoder's products round: the padding's activations no longer count in an input's range.
+Eager only: the step reads its position on the host (to slice the written slots), which a
+compiled step must not.
 
 Shape legend:
     R  rows (B sources x k beams)   B  sources   S  source length   D  model dim (d_model)
